@@ -1,0 +1,107 @@
+"""The drafter protocol: what every method (DSpark, DFlash, Eagle3, MTP, n-gram, vanilla) implements.
+
+A drafter sees the active requests through a shared :class:`DraftContext` and is called by the engine at
+four points of a request's life:
+
+1. ``begin(ctx, slots)``: the slots were just prefilled; ``slot.new_features`` holds the target features of
+   every prompt position and ``slot.tokens[-1]`` is the first sampled token (no target KV yet).
+2. ``propose(ctx) -> Proposal``: draft a block for every slot in ``ctx.slots`` (batch order).
+3. ``commit(ctx, slots, verdicts)``: ``slot.tokens`` already holds the committed tokens; ``slot.new_features``
+   holds the target features of the positions committed this round (the old current token and the accepted
+   drafts); ``slot.tokens[-1]`` is the new current token.
+4. ``end(ctx, slots)``: the slots finished (or failed) and leave the batch.
+
+Per-request drafter state lives in ``slot.state``. New needs go into :class:`Slot` / :class:`DraftContext`,
+never into extra parameters. Each drafter is built from its own config dataclass only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from dspark_bench.target import Features, Target
+    from dspark_bench.verify import Verdict
+
+
+@dataclass(eq=False)
+class Slot:
+    """One active request as drafters see it. The engine owns it; drafters read it and keep ``state``."""
+
+    request_id: int
+    tokens: list[int]  # prompt + committed output; tokens[-1] is the current token (its target KV is not cached)
+    prompt_len: int
+    generator: torch.Generator  # the request's only source of randomness (drafting and verification)
+    new_features: Features | None = None  # see the module docstring
+    state: Any = None  # drafter-owned
+
+    @property
+    def position(self) -> int:
+        """Absolute position of the current token."""
+        return len(self.tokens) - 1
+
+
+@dataclass(eq=False)
+class DraftContext:
+    """Run-wide facts plus the active slots in batch order."""
+
+    target: Target
+    temperature: float
+    block_size: int  # the most draft tokens one round may propose (gamma)
+    slots: list[Slot] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Draft blocks for R requests.
+
+    tokens: [R, k] draft tokens; entries at or beyond ``lengths[r]`` are padding.
+    lengths: [R] number of real draft tokens per request (0..k).
+    q: [R, k, V] float32, the exact distribution each token was sampled from; None = deterministic drafts.
+    confidence: [R, k] predicted conditional survival c_k (token k survives given 1..k-1 did), or None.
+    sequential_s: wall seconds the drafter spent in its sequential (token-by-token) stage, if any.
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    q: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
+    sequential_s: float = 0.0
+
+    @staticmethod
+    def empty(rows: int) -> Proposal:
+        return Proposal(torch.zeros(rows, 0, dtype=torch.long), torch.zeros(rows, dtype=torch.long))
+
+
+class Drafter(ABC):
+    """Base class. Subclasses define ``name``, a nested frozen ``Config`` dataclass and ``propose``."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+
+    def __init__(self, config: Any, target: Target):
+        self.config = config
+        self.target = target
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Decoder layers whose outputs this drafter needs in ``slot.new_features`` (empty: none)."""
+        return ()
+
+    def begin(self, ctx: DraftContext, slots: Sequence[Slot]) -> None:  # noqa: B027 - optional hook
+        """Requests joined the batch (prefilled)."""
+
+    @abstractmethod
+    def propose(self, ctx: DraftContext) -> Proposal:
+        """Draft a block for each slot of ``ctx.slots``."""
+
+    def commit(self, ctx: DraftContext, slots: Sequence[Slot], verdicts: Sequence[Verdict]) -> None:  # noqa: B027
+        """Tokens were committed for ``slots`` (same order as the proposal)."""
+
+    def end(self, ctx: DraftContext, slots: Sequence[Slot]) -> None:  # noqa: B027
+        """Requests left the batch."""

