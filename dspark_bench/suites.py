@@ -210,7 +210,7 @@ def _read_rows(path: Path) -> list[tuple[str, Mapping[str, Any]]]:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
+            where = f"{path}, line {lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:

@@ -160,7 +160,9 @@ class Target:
         if dtype not in DTYPES:
             raise TargetError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()
         path = resolve_target(name, cache_dir)
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")

@@ -86,6 +86,24 @@ def one_hot(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     return out.scatter_(-1, tokens.long().unsqueeze(-1), 1.0)
 
 
+def acceptance_probs(
+    p: torch.Tensor,  # [k+1, V] target distributions
+    draft: torch.Tensor,  # [k] draft tokens
+    q: torch.Tensor,  # [k, V] draft distributions
+) -> torch.Tensor:
+    """Probability that each draft token passes its test given the earlier ones did: min(1, p(x)/q(x)), [k]."""
+    idx = draft.long().unsqueeze(-1)
+    p_x = p[: draft.shape[0]].double().gather(-1, idx).squeeze(-1)
+    q_x = q.double().gather(-1, idx).squeeze(-1)
+    return torch.where(p_x >= q_x, torch.ones_like(p_x), p_x / q_x)
+
+
+def correction_law(p: torch.Tensor, q: torch.Tensor, accepted: int) -> torch.Tensor:
+    """Law of the target's own token after ``accepted`` survivors: residual at the first rejection, else p_k."""
+    k = q.shape[0]
+    return residual(p[accepted], q[accepted]) if accepted < k else p[k].double()
+
+
 def speculative_accept(
     p: torch.Tensor,  # [k+1, V] target distributions for the slots after current, x_1..x_k
     draft: torch.Tensor,  # [k] draft tokens x_1..x_k
@@ -95,21 +113,18 @@ def speculative_accept(
 ) -> Verdict:
     """Standard speculative sampling for one request (Leviathan et al. 2023, Algorithm 1).
 
-    Steps: (1) draw k uniforms and test ``u_k < p_{k-1}(x_k) / q_k(x_k)``; (2) A = leading run of passes;
-    (3) an accepted EOS ends the request there; (4) otherwise draw the recovered token from the residual at
-    slot A, or the bonus token from ``p_k`` when A = k.
+    Steps: (1) draw k uniforms and pass x_j when ``u_j < min(1, p_{j-1}(x_j) / q_j(x_j))``; (2) A = leading run
+    of passes; (3) an accepted EOS ends the request there; (4) otherwise draw the recovered token from the
+    residual at slot A, or the bonus token from ``p_k`` when A = k.
     """
     k = int(draft.shape[0])
     if p.shape[0] != k + 1:
         raise ValueError(f"p must have k+1 = {k + 1} rows for k = {k} draft tokens, got {p.shape[0]}")
     if q is None:
         q = one_hot(draft, p.shape[-1])
-    # 1. acceptance tests, in float64 so tiny probabilities are compared exactly enough.
+    # 1. acceptance tests (float64).
     u = torch.rand(k, generator=generator, dtype=torch.float64).to(p.device)
-    idx = draft.long().unsqueeze(-1)
-    p_x = p[:k].double().gather(-1, idx).squeeze(-1)
-    q_x = q.double().gather(-1, idx).squeeze(-1)
-    passed = u * q_x < p_x  # == u < p/q without dividing by a q that may underflow
+    passed = u < acceptance_probs(p, draft, q)
     # 2. leading run of accepted draft tokens.
     accepted = int(torch.cumprod(passed.long(), 0).sum()) if k else 0
     # 3. EOS among the accepted drafts: stop at the first one, no recovered/bonus token.
@@ -117,8 +132,7 @@ def speculative_accept(
         if tok in eos_ids:
             return Verdict(accepted=j + 1, token=None, eos=True)
     # 4. recovered token at the first rejection, else the bonus token.
-    law = residual(p[accepted], q[accepted]) if accepted < k else p[k]
-    return Verdict(accepted=accepted, token=sample(law, generator))
+    return Verdict(accepted=accepted, token=sample(correction_law(p, q, accepted), generator))
 
 
 # An acceptance rule maps (p, draft, q, generator, eos_ids) to a Verdict. The engine takes one as an argument

@@ -308,7 +308,7 @@ def test_jsonl_malformed_line_names_file_and_line(tmp_path, bad_line, problem):
     with pytest.raises(SuiteError) as info:
         load_jsonl(path)
     message = str(info.value)
-    assert f"bad.jsonl:3: {problem}" in message
+    assert f"bad.jsonl, line 3: {problem}" in message
 
 
 def test_jsonl_duplicate_ids_are_an_error(tmp_path):
@@ -316,5 +316,5 @@ def test_jsonl_duplicate_ids_are_an_error(tmp_path):
         tmp_path / "dup.jsonl",
         [json.dumps({"turns": ["a"], "id": "x"}), json.dumps({"turns": ["b"], "id": "x"})],
     )
-    with pytest.raises(SuiteError, match="dup.jsonl:2: duplicate id 'x'"):
+    with pytest.raises(SuiteError, match="dup.jsonl, line 2: duplicate id 'x'"):
         load_jsonl(path)

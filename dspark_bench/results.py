@@ -1,0 +1,182 @@
+"""On-disk results: ``results/<run>/manifest.json``, ``records.jsonl`` and ``summary.json``.
+
+Records are appended and flushed one request at a time, so a crash mid-run loses nothing already written.
+Files are parsed into frozen dataclasses at this edge; unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from dspark_bench.engine import RequestResult
+
+SCHEMA_VERSION = 1
+MANIFEST, RECORDS, SUMMARY = "manifest.json", "records.jsonl", "summary.json"
+
+
+class ResultsError(ValueError):
+    """A results folder or file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One drafter x request (x repeat). ``rounds`` rows: [proposed, verified, accepted, committed];
+    ``timings`` rows: [draft_s, verify_s, other_s, sequential_s] (the round's wall times)."""
+
+    drafter: str
+    scheduler: str
+    dataset: str
+    domain: str
+    prompt_id: str
+    index: int
+    repeat: int
+    seed: int
+    concurrency: int
+    status: str
+    finish: str
+    prompt_len: int
+    output_ids: tuple[int, ...]
+    rounds: tuple[tuple[int, int, int, int], ...]
+    timings: tuple[tuple[float, float, float, float], ...]
+    ttft_s: float
+    decode_s: float
+    confidence: tuple[tuple[float, ...], ...] | None = None
+    batch: tuple[int, ...] | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def record_from_result(result: RequestResult, drafter: str, scheduler: str, index: int, repeat: int,
+                       concurrency: int) -> RequestRecord:
+    req = result.request
+    rounds = result.rounds
+    has_conf = any(r.confidence is not None for r in rounds)
+    return RequestRecord(
+        drafter=drafter, scheduler=scheduler, dataset=req.dataset, domain=req.domain, prompt_id=req.prompt_id,
+        index=index, repeat=repeat, seed=req.seed, concurrency=concurrency, status=result.status,
+        finish=result.finish, prompt_len=len(req.prompt_ids), output_ids=tuple(result.output_ids),
+        rounds=tuple((r.proposed, r.verified, r.accepted, r.committed) for r in rounds),
+        timings=tuple((r.draft_s, r.verify_s, r.other_s, r.sequential_s) for r in rounds),
+        ttft_s=result.ttft_s, decode_s=result.decode_s,
+        confidence=tuple(tuple(r.confidence or ()) for r in rounds) if has_conf else None,
+        batch=tuple(r.batch for r in rounds), error=result.error,
+    )
+
+
+def record_to_dict(rec: RequestRecord) -> dict[str, Any]:
+    return dataclasses.asdict(rec)
+
+
+def record_from_dict(data: dict[str, Any]) -> RequestRecord:
+    names = {f.name for f in dataclasses.fields(RequestRecord)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ResultsError(f"record has unknown keys {unknown}; known: {sorted(names)}")
+    fixed = dict(data)
+    for key in ("output_ids", "batch"):
+        if fixed.get(key) is not None:
+            fixed[key] = tuple(fixed[key])
+    for key in ("rounds", "timings", "confidence"):
+        if fixed.get(key) is not None:
+            fixed[key] = tuple(tuple(row) for row in fixed[key])
+    try:
+        return RequestRecord(**fixed)
+    except TypeError as exc:
+        raise ResultsError(f"malformed record: {exc}") from None
+
+
+class RunWriter:
+    """Creates a run folder, writes the manifest first and appends one record line per finished request."""
+
+    def __init__(self, folder: str | Path, manifest: dict[str, Any]):
+        self.folder = Path(folder)
+        if (self.folder / RECORDS).exists():
+            raise ResultsError(f"{self.folder} already holds a run; choose another --out")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_json(self.folder / MANIFEST, manifest)
+        self._records = open(self.folder / RECORDS, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def add(self, rec: RequestRecord) -> None:
+        self._records.write(json.dumps(record_to_dict(rec)) + "\n")
+        self._records.flush()
+        os.fsync(self._records.fileno())
+
+    def close(self) -> None:
+        self._records.close()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_records(folder: str | Path) -> list[RequestRecord]:
+    path = Path(folder) / RECORDS
+    if not path.is_file():
+        raise ResultsError(f"{folder} has no {RECORDS}: is it a dspark-bench run folder?")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(record_from_dict(json.loads(line)))
+        except (json.JSONDecodeError, ResultsError) as exc:
+            raise ResultsError(f"{path}:{n}: {exc}") from None
+    return out
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ResultsError(f"{folder} has no {MANIFEST}: is it a dspark-bench run folder?")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ResultsError(f"{path}: schema_version {data.get('schema_version')!r}, this version reads {SCHEMA_VERSION}")
+    return data
+
+
+def environment() -> dict[str, Any]:
+    """Package versions, git sha and machine facts for the manifest."""
+    versions = {}
+    for pkg in ("dspark-bench", "torch", "transformers", "numpy", "scipy"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    import torch
+
+    machine = {
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    return {"versions": versions, "git": _git_state(), "machine": machine}
+
+
+def _git_state() -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return {"sha": None, "dirty": None}
+    return {"sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}

