@@ -191,5 +191,47 @@ def list_() -> None:
     stdout.print("any JSONL file with one {\"turns\": [...]} object per line also works as --suite path/to/file.jsonl")
 
 
+@main.command()
+@click.option("--target", default="smollm2-135m", show_default=True)
+@click.option("--suite", default="code", show_default=True)
+@click.option("--limit", default=5, show_default=True, type=int)
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--temperatures", default="0,1", show_default=True, help="Comma list of temperatures.")
+@click.option("--repeats", default=3, show_default=True, type=int)
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
+@click.option("--out", default=None, help="JSON file for the measurements. Default: results/bench-<time>.json")
+@_friendly
+def bench(target, suite, limit, max_new_tokens, temperatures, repeats, dtype, out):
+    """Speed of our loop (none, ngram) against HF generate() and HF prompt-lookup, side by side."""
+    import json
+
+    from dspark_bench.bench import BenchSpec, run_bench
+    from dspark_bench.runner import build_requests
+    from dspark_bench.suites import load_suite
+    from dspark_bench.target import Target
+
+    temps = tuple(float(t) for t in temperatures.split(","))
+    if repeats < 1 or limit < 1 or any(t < 0 for t in temps):
+        raise click.BadParameter("--repeats and --limit must be >= 1 and temperatures >= 0")
+    spec = BenchSpec(suite=suite, limit=limit, max_new_tokens=max_new_tokens, temperatures=temps, repeats=repeats)
+    prompts = load_suite(suite, limit)
+    tgt = Target.load(target, dtype=dtype)
+    result = run_bench(tgt, build_requests(tgt, prompts, spec.seed), spec, log=console.print)
+    result["target"] = {"name": target, "dtype": dtype}
+    path = Path(out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    table = Table(title=f"core speed, {target} {dtype}, {len(prompts)} prompts x {repeats} repeats (medians)")
+    for col in ("T", "ours none", "HF generate", "ours ngram", "HF prompt-lookup", "none/HF", "ngram/HF-PLD",
+                "ngram/none"):
+        table.add_column(col, justify="right")
+    for temp, agg in result["temperatures"].items():
+        med, rat = agg["median_tokens_per_s"], agg["ratios"]
+        table.add_row(temp, *(f"{med[m]:.1f}" for m in ("ours:none", "hf:generate", "ours:ngram", "hf:prompt-lookup")),
+                      *(f"{v['median']:.3f}" for v in rat.values()))
+    stdout.print(table)
+    stdout.print(f"written to {path}")
+
+
 if __name__ == "__main__":
     main()

@@ -36,8 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_bench.drafters.blockloss import BlockTargets, block_targets, sample_anchors
+
 if TYPE_CHECKING:
     from dspark_bench.target import Target
+    from dspark_bench.train.types import TrainBatch
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 INIT_STD = 0.02  # HF default initialiser, as in the reference
@@ -315,6 +318,27 @@ class BlockDraftModel(nn.Module):
         pos = (anchors.unsqueeze(-1) + torch.arange(size, device=anchors.device)).flatten(1)
         h = self.blocks(x, pos, kv, training_mask(anchors, attention, size))
         return h.view(b, anchors.shape[1], size, -1)
+
+    def train_view(self, batch: TrainBatch, generator: torch.Generator, num_anchors: int) -> TrainView:
+        """1. sample anchors; 2. teacher-forcing targets; 3. block forward; 4. target laws pi (fp32, no grad)."""
+        attention = batch.attention.bool()
+        anchors, keep = sample_anchors(batch.loss_mask.bool() & attention, num_anchors, generator)
+        t = block_targets(batch.input_ids, batch.loss_mask, anchors, keep, self.arch.block_size)
+        h = self.train_hidden(batch.layers, batch.input_ids, attention, anchors)
+        with torch.no_grad():
+            idx = t.prev_index.flatten(1).unsqueeze(-1).expand(-1, -1, batch.final.shape[-1])
+            z = batch.final.gather(1, idx).view(*t.prev_index.shape, -1)  # [B, N, G, d] = z_{p+k-1}
+            pi = torch.softmax(self.target.lm_head(z.to(self.target.dtype)).float(), dim=-1)
+        return TrainView(h, t, pi)
+
+
+@dataclass(frozen=True)
+class TrainView:
+    """One training forward: h [B, N, G, d] block outputs, the teacher-forcing targets, pi [B, N, G, V]."""
+
+    h: torch.Tensor
+    targets: BlockTargets
+    pi: torch.Tensor
 
 
 def training_mask(anchors: torch.Tensor, attention: torch.Tensor, size: int) -> torch.Tensor:

@@ -1,0 +1,374 @@
+"""``eagle3``: the Eagle3 drafter as DeepSpec implements it (reference section 2.2).
+
+Model (one decoder layer, width d = target hidden size):
+
+* fused feature ``g0_t = W_fc f_t`` with ``f_t`` the concatenated outputs of the tapped target layers
+  (Linear(n_taps*d -> d), no bias, no norm);
+* layer input ``u = [RMSNorm_in(Emb(token)); RMSNorm_hid(g)]`` (width 2d) for Q/K/V, residual = raw ``g``,
+  then post-attention RMSNorm + SwiGLU MLP residual (Qwen3 targets add per-head q/k norm);
+* logits ``W_out RMSNorm_final(g')`` with a learned final norm; ``Emb`` and ``W_out`` are the frozen target's
+  (``target.model.get_input_embeddings()``, ``target.lm_head``), never copied into our checkpoints.
+
+Inference is **chain drafting** (:class:`ChainDrafter`, shared with MTP): a per-request draft KV cache holds
+pairs (context hidden of position t, token y_{t+1}) at RoPE position t. Prefill fills it with the prompt's
+pairs; a round samples x_1 from the output hidden of the last cached position, then feeds (own output hidden,
+x_j) at the next position to get x_{j+1}, ``ctx.block_size`` times, stopping early at EOS. Those proposal
+entries live only in a batch-local copy of the caches, so "crop back to the pre-proposal length" is free;
+commit then extends the per-request cache with the pairs of the newly committed positions (target features from
+``slot.new_features``, tokens from ``slot.tokens``) in one causal forward. ``q`` is the exact ``to_probs``
+row each token was drawn from with ``verify.sample`` and the request's generator.
+
+Training: :meth:`Eagle3Model.loss`, the training-time test (TTT) over ``ttt_length`` steps (see there).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from dspark_bench.drafters import checkpoint
+from dspark_bench.drafters.base import DraftContext, Drafter, Proposal
+from dspark_bench.drafters.layers import (
+    KV,
+    DecoderLayer,
+    LayerSpec,
+    RMSNorm,
+    attention_mask,
+    default_taps,
+    init_weights,
+    stack_left,
+)
+from dspark_bench.drafters.registry import DrafterError, register
+from dspark_bench.verify import sample, to_probs
+
+if TYPE_CHECKING:
+    from dspark_bench.drafters.base import Slot
+    from dspark_bench.target import Target
+    from dspark_bench.train.types import LossOutput, TrainBatch
+
+log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- pure loss math ----------------------------------------------------------------------------------------
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """H(target, softmax(logits)) = -sum_v target_v log softmax(logits)_v; [..., V] each -> [...]."""
+    return -(target * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+def tv_acceptance(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Analytic acceptance alpha* = 1 - 1/2 ||q - p||_1 = sum_v min(q_v, p_v); [..., V] each -> [...]."""
+    return 1.0 - 0.5 * (q.float() - p.float()).abs().sum(-1)
+
+
+def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
+    """out[:, t] = x[:, t + k] (zero / False past the end); x: [B, n, ...]."""
+    out = torch.zeros_like(x)
+    if k < x.shape[1]:
+        out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over ``mask`` (same shape); 0 when nothing is valid."""
+    return (x * mask).sum() / mask.sum().clamp_min(1)
+
+
+def ttt_mask(attention: torch.Tensor, step: int) -> torch.Tensor:
+    """Training-time-test mask [B, n, (step+1) n] over keys ordered [step 0 | step 1 | ... | step].
+
+    Query (t, step) sees step-0 keys at real positions s <= t (its own position always, so no row is empty)
+    and the key at the same position t of each later step 1..step (the diagonal links). attention: [B, n] bool.
+    """
+    n = attention.shape[1]
+    eye = torch.eye(n, dtype=torch.bool, device=attention.device)
+    first = torch.ones(n, n, dtype=torch.bool, device=attention.device).tril() & (attention.unsqueeze(1) | eye)
+    return torch.cat([first, *[eye.expand_as(first)] * step], dim=-1)
+
+
+# ---- models ------------------------------------------------------------------------------------------------
+class ChainModel(nn.Module):
+    """A single-layer drafter run over pairs (context hidden, next token), with the frozen target embedding
+    and LM head. Subclasses define ``context`` (target features -> first hidden) and ``forward``."""
+
+    method: ClassVar[str]
+
+    def __init__(self, spec: LayerSpec, target: Target):
+        super().__init__()
+        self.spec = spec
+        self.target = target  # a plain attribute: the target's weights are not part of this module
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def context(self, layers: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+        """First-step hidden from target features (layers: [..., n_taps, d], final: [..., d]) -> [..., d]."""
+        raise NotImplementedError
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, L] -> [B, L, d]
+        return self.target.model.get_input_embeddings()(tokens).to(self.norm.weight.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., V] float32
+        return self.target.lm_head(self.norm(hidden).to(self.target.dtype)).float()
+
+    def target_probs(self, final: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., V]
+        """pi = softmax(W_out final) in fp32, without gradient (the distillation target)."""
+        with torch.no_grad():
+            return torch.softmax(self.target.lm_head(final.to(self.target.dtype)).float(), dim=-1)
+
+    def arch(self) -> dict[str, Any]:
+        return {"layer": asdict(self.spec)}
+
+    @classmethod
+    def from_arch(cls, arch: dict[str, Any], target: Target) -> ChainModel:
+        return cls(LayerSpec(**arch["layer"]), target)
+
+    def save(self, folder: str | Path) -> Path:
+        """Our checkpoint format: trained weights only + the target's fingerprint."""
+        fingerprint = checkpoint.TargetFingerprint.of(self.target)
+        return checkpoint.save(folder, self.method, self.arch(), self.state_dict(), fingerprint)
+
+    @classmethod
+    def load(cls, folder: str | Path, target: Target) -> ChainModel:
+        """Load one of our checkpoints bit-exactly (in the dtype it was saved in)."""
+        meta, state = checkpoint.load(folder)
+        if meta.get("method") != cls.method:
+            raise checkpoint.CheckpointError(f"{folder} holds a {meta.get('method')!r} drafter, not {cls.method!r}")
+        checkpoint.check_target(meta, target)
+        try:
+            model = cls.from_arch(meta["config"], target)
+        except (KeyError, TypeError) as exc:
+            raise checkpoint.CheckpointError(f"{folder}: bad architecture in config.json ({exc})") from None
+        model.to(next(iter(state.values())).dtype).load_state_dict(state)
+        return model
+
+
+class Eagle3Model(ChainModel):
+    method = "eagle3"
+
+    def __init__(self, spec: LayerSpec, taps: tuple[int, ...], target: Target):
+        super().__init__(spec, target)
+        self.taps = tuple(taps)
+        self.fc = nn.Linear(len(self.taps) * spec.hidden_size, spec.hidden_size, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(spec, fused=True)])
+
+    def arch(self) -> dict[str, Any]:
+        return {**super().arch(), "taps": list(self.taps)}
+
+    @classmethod
+    def from_arch(cls, arch: dict[str, Any], target: Target) -> Eagle3Model:
+        return cls(LayerSpec(**arch["layer"]), tuple(arch["taps"]), target)
+
+    def context(self, layers: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+        return self.fc(layers.flatten(-2).to(self.fc.weight.dtype))  # g0 = W_fc [a^l1; ...; a^l5]
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [B, L, d] g (g0 from features, or the draft's own output hidden)
+        tokens: torch.Tensor,  # [B, L] the token paired with each hidden (y_{t+1})
+        positions: torch.Tensor,  # [B, L] RoPE positions
+        past: KV | None,  # [B, n_kv, C, hd] each
+        mask: torch.Tensor,  # [B, L, C+L] bool
+    ) -> tuple[torch.Tensor, KV]:
+        return self.layers[0](self.embed(tokens), hidden, positions, past, mask)
+
+    def loss(self, batch: TrainBatch, generator: torch.Generator | None = None, ttt_length: int = 7,
+             step_decay: float = 0.8) -> LossOutput:
+        """Training-time test (SpecForge/DeepSpec ``compute_eagle3_loss``); deterministic, ``generator`` unused.
+
+        Step k = 0..K-1 at position t: input (h_k,t, y_{t+1+k}) at RoPE position t+k with h_0 = g0_t and h_k the
+        step-(k-1) output at t; attention per :func:`ttt_mask`; target pi_{t+1+k} (law of y_{t+2+k}); valid
+        when y_{t+2+k} is a response token. Loss = sum_k step_decay^k * sum_valid H(pi, q) / (B n), DeepSpec's
+        normaliser (all padded slots). The step weights are the reference's 0.8^k, not DSpark's exp(-(k-1)/4).
+        """
+        from dspark_bench.train.types import LossOutput
+
+        b, n = batch.input_ids.shape
+        pi = self.target_probs(batch.final)  # [B, n, V]
+        positions = torch.arange(n, device=pi.device).expand(b, n)
+        hidden, past = self.context(batch.layers, batch.final), None
+        total, terms, accept = pi.new_zeros(()), {}, []
+        for k in range(ttt_length):
+            mask = ttt_mask(batch.attention, k)
+            hidden, kv = self(hidden, shift_left(batch.input_ids, 1 + k), positions + k, past, mask)
+            past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
+            logits, target = self.logits(hidden), shift_left(pi, 1 + k)
+            valid = shift_left(batch.loss_mask, 2 + k).float()
+            ce = soft_cross_entropy(logits, target)  # [B, n]
+            total = total + step_decay**k * (ce * valid).sum() / (b * n)
+            terms[f"ce{k}"] = float(masked_mean(ce.detach(), valid))
+            accept.append(masked_mean(tv_acceptance(torch.softmax(logits.detach(), -1), target), valid))
+        terms["loss"] = float(total.detach())
+        return LossOutput(total, terms, torch.stack(accept))
+
+
+# ---- inference ---------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class ChainState:
+    """Per-request draft cache: ``length`` pairs at positions 0..length-1; ``hidden`` [d] is the output at
+    the last one (its logits give the first draft token). kv: [n_kv, length, hd] each."""
+
+    kv: KV | None = None
+    hidden: torch.Tensor | None = None
+    length: int = 0
+
+
+class ChainDrafter(Drafter):
+    """Chain drafting with a :class:`ChainModel`, batched over the active slots (left-padded caches)."""
+
+    model: ChainModel
+
+    def max_steps(self, ctx: DraftContext) -> int:
+        return ctx.block_size
+
+    def begin(self, ctx: DraftContext, slots: list[Slot]) -> None:
+        for slot in slots:
+            slot.state = ChainState()
+        self._extend(slots)
+
+    def commit(self, ctx: DraftContext, slots: list[Slot], verdicts) -> None:
+        self._extend(slots)  # the proposal's entries were never stored: the cache is already "cropped"
+
+    def end(self, ctx: DraftContext, slots: list[Slot]) -> None:
+        for slot in slots:
+            slot.state = None
+
+    def _empty_kv(self) -> torch.Tensor:  # [n_kv, 0, hd]
+        s, w = self.model.spec, self.model.norm.weight
+        return w.new_zeros(s.num_kv_heads, 0, s.head_dim)
+
+    @torch.inference_mode()
+    def _extend(self, slots: list[Slot]) -> None:
+        """Append the pairs (context of position t, y_{t+1}) of every committed position not yet cached."""
+        rows = [(slot, self._pairs(slot)) for slot in slots]
+        rows = [(slot, m) for slot, m in rows if m > 0]
+        if not rows:
+            return
+        width, device = max(m for _, m in rows), self.model.norm.weight.device
+        past, valid = stack_left([slot.state.kv for slot, _ in rows], self._empty_kv())
+        hidden = self.model.norm.weight.new_zeros(len(rows), width, self.model.spec.hidden_size)
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, (slot, m) in enumerate(rows):
+            f, start = slot.new_features.head(m), slot.state.length
+            hidden[r, :m] = self.model.context(f.layers, f.final)
+            tokens[r, :m] = torch.tensor(slot.tokens[start + 1 : start + 1 + m])
+        starts = torch.tensor([slot.state.length for slot, _ in rows], device=device)
+        positions = starts.unsqueeze(1) + torch.arange(width, device=device)
+        out, (k, v) = self.model(hidden, tokens.to(device), positions, past, attention_mask(valid, width))
+        for r, (slot, m) in enumerate(rows):
+            old = slot.state.kv or (self._empty_kv(), self._empty_kv())
+            slot.state.kv = (torch.cat([old[0], k[r, :, :m]], 1), torch.cat([old[1], v[r, :, :m]], 1))
+            slot.state.hidden, slot.state.length = out[r, m - 1], slot.state.length + m
+
+    def _pairs(self, slot: Slot) -> int:
+        """How many new pairs ``slot`` has: one per committed position with a known next token."""
+        if slot.new_features is None:
+            raise DrafterError(f"{self.name} needs target features in slot.new_features (engine taps)")
+        todo = len(slot.tokens) - 1 - slot.state.length
+        if todo > len(slot.new_features):
+            raise DrafterError(f"{self.name}: {todo} positions to cache but features for {len(slot.new_features)}")
+        return todo
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        slots, steps = ctx.slots, self.max_steps(ctx)
+        if not slots or steps < 1:
+            return Proposal.empty(len(slots))
+        device, eos = self.model.norm.weight.device, self.target.eos_ids
+        (keys, values), valid = stack_left([s.state.kv for s in slots], self._empty_kv())
+        hidden = torch.stack([s.state.hidden for s in slots]).unsqueeze(1)  # [R, 1, d]
+        starts = torch.tensor([s.state.length for s in slots], device=device).unsqueeze(1)
+        tokens = torch.zeros(len(slots), steps, dtype=torch.long)
+        q = torch.zeros(len(slots), steps, self.target.vocab_size, device=device)
+        lengths, live = torch.zeros(len(slots), dtype=torch.long), set(range(len(slots)))
+        for j in range(steps):
+            probs = to_probs(self.model.logits(hidden[:, -1]), ctx.temperature)  # [R, V]
+            for r in sorted(live):
+                tokens[r, j] = sample(probs[r], slots[r].generator)
+                q[r, j], lengths[r] = probs[r], j + 1
+                if int(tokens[r, j]) in eos:
+                    live.discard(r)
+            if not live or j == steps - 1:
+                break
+            step_mask = attention_mask(valid, 1)
+            hidden, (k, v) = self.model(hidden, tokens[:, j : j + 1].to(device), starts + j, (keys, values), step_mask)
+            keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+            valid = torch.cat([valid, valid.new_ones(len(slots), 1)], 1)
+        return Proposal(tokens, lengths, q)
+
+
+def check_taps(taps: tuple[int, ...], num_layers: int) -> None:
+    """Taps must be distinct, increasing decoder layers 0..L-2 (the last layer's HF state is post-norm)."""
+    if not taps or list(taps) != sorted(set(taps)) or not all(0 <= t <= num_layers - 2 for t in taps):
+        raise DrafterError(f"taps {tuple(taps)} invalid for a {num_layers}-layer target: need strictly "
+                           f"increasing layer ids in 0..{num_layers - 2} (the last layer is never tapped)")
+
+
+def shipped_checkpoint(target: Target, method: str) -> Path | None:
+    """``<repo>/baselines/drafters/<target.name>/<method>/`` when it holds a checkpoint, else None."""
+    name = Path(target.name)
+    if name.is_absolute() or ".." in name.parts:
+        return None
+    folder = REPO_ROOT / "baselines" / "drafters" / name / method
+    return folder if (folder / "config.json").is_file() else None
+
+
+def checkpoint_folder(checkpoint_path: str | None, target: Target, method: str) -> Path | None:
+    """The folder to load: the configured one (must exist), else a shipped reference, else None."""
+    if checkpoint_path is None:
+        return shipped_checkpoint(target, method)
+    folder = Path(checkpoint_path)
+    if not (folder / "config.json").is_file():
+        raise checkpoint.CheckpointError(f"{method} checkpoint {folder} not found (a folder with config.json)")
+    return folder
+
+
+def fresh(model: ChainModel, seed: int, method: str) -> ChainModel:
+    """Seeded random initialisation, with the warning that no trained weights are used."""
+    log.warning("%s: no checkpoint given or shipped for target %r; using random weights (seed %d)",
+                method, model.target.name, seed)
+    init_weights(model, seed)
+    return model
+
+
+@register("eagle3")
+class Eagle3Drafter(ChainDrafter):
+    @dataclass(frozen=True)
+    class Config:
+        checkpoint: str | None = None  # our format or DeepSeek's (``Qwen3Eagle3Model``); None: shipped or random
+        taps: tuple[int, ...] | str | None = None  # random init only; None: default_taps; "1,9,17,25,33" ok
+        intermediate_size: int | None = None  # random init only; None: the target's
+        seed: int = 0  # random init only
+
+    def __init__(self, config: Config, target: Target):
+        super().__init__(config, target)
+        taps = config.taps
+        if isinstance(taps, str):
+            taps = tuple(int(t) for t in taps.split(",") if t.strip())
+        folder = checkpoint_folder(config.checkpoint, target, self.name)
+        if folder is not None:
+            model = _load_eagle3(folder, target)
+            if taps is not None and tuple(taps) != model.taps:
+                raise DrafterError(f"eagle3: taps {tuple(taps)} conflict with the checkpoint's {model.taps}")
+        else:
+            spec = LayerSpec.from_config(target.config, config.intermediate_size)
+            taps = tuple(taps) if taps is not None else default_taps(target.num_layers)
+            model = fresh(Eagle3Model(spec, taps, target), config.seed, self.name)
+        check_taps(model.taps, target.num_layers)
+        self.model = model.to(device=target.device, dtype=target.dtype).eval()
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.model.taps
+
+
+def _load_eagle3(folder: Path, target: Target) -> Eagle3Model:
+    from dspark_bench.drafters import deepseek_eagle3
+
+    if deepseek_eagle3.is_deepseek_eagle3(folder):
+        return deepseek_eagle3.load(folder, target)
+    return Eagle3Model.load(folder, target)
+
