@@ -324,7 +324,8 @@ class BlockDraftModel(nn.Module):
         attention = batch.attention.bool()
         anchors, keep = sample_anchors(batch.loss_mask.bool() & attention, num_anchors, generator)
         t = block_targets(batch.input_ids, batch.loss_mask, anchors, keep, self.arch.block_size)
-        h = self.train_hidden(batch.layers, batch.input_ids, attention, anchors)
+        layers = batch.layers.clone() if batch.layers.is_inference() else batch.layers  # autograd needs a plain one
+        h = self.train_hidden(layers, batch.input_ids, attention, anchors)
         with torch.no_grad():
             idx = t.prev_index.flatten(1).unsqueeze(-1).expand(-1, -1, batch.final.shape[-1])
             z = batch.final.gather(1, idx).view(*t.prev_index.shape, -1)  # [B, N, G, d] = z_{p+k-1}

@@ -39,7 +39,6 @@ from dspark_bench.drafters.layers import (
     LayerSpec,
     RMSNorm,
     attention_mask,
-    default_taps,
     init_weights,
     stack_left,
 )
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
     from dspark_bench.train.types import LossOutput, TrainBatch
 
 log = logging.getLogger(__name__)
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- pure loss math ----------------------------------------------------------------------------------------
@@ -175,26 +173,37 @@ class Eagle3Model(ChainModel):
     ) -> tuple[torch.Tensor, KV]:
         return self.layers[0](self.embed(tokens), hidden, positions, past, mask)
 
+    def ttt_hiddens(self, batch: TrainBatch, ttt_length: int) -> list[torch.Tensor]:
+        """Output hidden of each training-time-test step k = 0..K-1, [B, n, d] each.
+
+        Step k at position t: input (h_k,t, y_{t+1+k}) at RoPE position t+k, with h_0 = g0_t and h_k the
+        step-(k-1) output at t; keys per :func:`ttt_mask`. This is exactly what chain drafting computes from the
+        cache of positions <= t with teacher-forced tokens (tested).
+        """
+        b, n = batch.input_ids.shape
+        positions = torch.arange(n, device=batch.input_ids.device).expand(b, n)
+        hidden, past, out = self.context(batch.layers, batch.final), None, []
+        for k in range(ttt_length):
+            tokens = shift_left(batch.input_ids, 1 + k)
+            hidden, kv = self(hidden, tokens, positions + k, past, ttt_mask(batch.attention, k))
+            past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
+            out.append(hidden)
+        return out
+
     def loss(self, batch: TrainBatch, generator: torch.Generator | None = None, ttt_length: int = 7,
              step_decay: float = 0.8) -> LossOutput:
-        """Training-time test (SpecForge/DeepSpec ``compute_eagle3_loss``); deterministic, ``generator`` unused.
+        """TTT loss (SpecForge/DeepSpec ``compute_eagle3_loss``); deterministic, ``generator`` is unused.
 
-        Step k = 0..K-1 at position t: input (h_k,t, y_{t+1+k}) at RoPE position t+k with h_0 = g0_t and h_k the
-        step-(k-1) output at t; attention per :func:`ttt_mask`; target pi_{t+1+k} (law of y_{t+2+k}); valid
-        when y_{t+2+k} is a response token. Loss = sum_k step_decay^k * sum_valid H(pi, q) / (B n), DeepSpec's
-        normaliser (all padded slots). The step weights are the reference's 0.8^k, not DSpark's exp(-(k-1)/4).
+        Step k at position t is scored against pi_{t+1+k} (the target law of y_{t+2+k}) and counts when
+        y_{t+2+k} is a response token: L = sum_k step_decay^k * sum_valid H(pi, q) / (B n), DeepSpec's
+        normaliser (all padded slots). Step weights are the reference's 0.8^k, not DSpark's exp(-(k-1)/4).
         """
         from dspark_bench.train.types import LossOutput
 
         b, n = batch.input_ids.shape
         pi = self.target_probs(batch.final)  # [B, n, V]
-        positions = torch.arange(n, device=pi.device).expand(b, n)
-        hidden, past = self.context(batch.layers, batch.final), None
         total, terms, accept = pi.new_zeros(()), {}, []
-        for k in range(ttt_length):
-            mask = ttt_mask(batch.attention, k)
-            hidden, kv = self(hidden, shift_left(batch.input_ids, 1 + k), positions + k, past, mask)
-            past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
+        for k, hidden in enumerate(self.ttt_hiddens(batch, ttt_length)):
             logits, target = self.logits(hidden), shift_left(pi, 1 + k)
             valid = shift_left(batch.loss_mask, 2 + k).float()
             ce = soft_cross_entropy(logits, target)  # [B, n]
@@ -307,23 +316,13 @@ def check_taps(taps: tuple[int, ...], num_layers: int) -> None:
                            f"increasing layer ids in 0..{num_layers - 2} (the last layer is never tapped)")
 
 
-def shipped_checkpoint(target: Target, method: str) -> Path | None:
-    """``<repo>/baselines/drafters/<target.name>/<method>/`` when it holds a checkpoint, else None."""
-    name = Path(target.name)
-    if name.is_absolute() or ".." in name.parts:
-        return None
-    folder = REPO_ROOT / "baselines" / "drafters" / name / method
-    return folder if (folder / "config.json").is_file() else None
+def checkpoint_folder(spec: str | None, target: Target, method: str) -> Path | None:
+    """The folder to load: the configured one (folder or hub id, as for DSpark), else the reference shipped in
+    ``baselines/drafters/<target>/<method>/``, else None (random weights)."""
+    from dspark_bench.drafters.blockdraft import shipped
+    from dspark_bench.drafters.blockdrafter import resolve_checkpoint
 
-
-def checkpoint_folder(checkpoint_path: str | None, target: Target, method: str) -> Path | None:
-    """The folder to load: the configured one (must exist), else a shipped reference, else None."""
-    if checkpoint_path is None:
-        return shipped_checkpoint(target, method)
-    folder = Path(checkpoint_path)
-    if not (folder / "config.json").is_file():
-        raise checkpoint.CheckpointError(f"{method} checkpoint {folder} not found (a folder with config.json)")
-    return folder
+    return resolve_checkpoint(spec) if spec else shipped(method, target)
 
 
 def fresh(model: ChainModel, seed: int, method: str) -> ChainModel:
@@ -354,7 +353,9 @@ class Eagle3Drafter(ChainDrafter):
             if taps is not None and tuple(taps) != model.taps:
                 raise DrafterError(f"eagle3: taps {tuple(taps)} conflict with the checkpoint's {model.taps}")
         else:
-            spec = LayerSpec.from_config(target.config, config.intermediate_size)
+            from dspark_bench.drafters.blockdraft import default_taps  # one definition for every drafter
+
+            spec = LayerSpec.from_target(target, config.intermediate_size)
             taps = tuple(taps) if taps is not None else default_taps(target.num_layers)
             model = fresh(Eagle3Model(spec, taps, target), config.seed, self.name)
         check_taps(model.taps, target.num_layers)

@@ -5,7 +5,6 @@
   numerically the same as HF's Llama/Qwen3 layers (RMSNorm in fp32, ``rotate_half`` RoPE, per-head q/k norm
   before RoPE for Qwen3, grouped-query attention). Parameter names follow HF (``self_attn.q_proj`` ...), so
   DeepSeek's Eagle3 checkpoints load by name.
-* :func:`default_taps`: which target layers feature-based drafters read.
 * :func:`stack_left` / :func:`attention_mask`: batching per-request KV caches of different lengths.
 
 The layer does not own a cache: :meth:`DecoderLayer.forward` takes the past keys/values and a boolean mask and
@@ -14,6 +13,7 @@ returns the new keys/values, so callers decide what to keep (inference caches, t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,13 @@ class LayerSpec:
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
     attention_bias: bool = False
     hidden_act: str = "silu"
+
+    @staticmethod
+    def from_target(target: Any, intermediate_size: int | None = None) -> LayerSpec:
+        """A layer shaped like ``target``'s (q/k norm also when its layers have one)."""
+        spec = LayerSpec.from_config(target.config, intermediate_size)
+        qk_norm = spec.qk_norm or hasattr(target.model.model.layers[0].self_attn, "q_norm")
+        return dataclasses.replace(spec, qk_norm=qk_norm)
 
     @staticmethod
     def from_config(config: Any, intermediate_size: int | None = None) -> LayerSpec:
@@ -71,15 +78,6 @@ def rope_theta(parameters: dict | None, theta: float | None) -> float:
     if theta is None:
         raise ValueError("config has neither rope_parameters nor rope_theta")
     return float(theta)
-
-
-def default_taps(num_layers: int, n: int = 5) -> tuple[int, ...]:
-    """``n`` evenly spaced target layers from 1 to L-3, as DeepSeek's configs ([1,9,17,25,33] for 36 layers,
-    [1,10,19,28,37] for 40); for shallow targets the span widens to 0..L-2. The last layer is never tapped."""
-    for lo, hi in ((1, num_layers - 3), (0, num_layers - 2)):
-        if hi - lo + 1 >= n:
-            return tuple(lo + int(i * (hi - lo) / (n - 1) + 0.5) for i in range(n))
-    raise ValueError(f"a {num_layers}-layer target has fewer than {n} tappable layers (0..L-2)")
 
 
 class RMSNorm(nn.Module):

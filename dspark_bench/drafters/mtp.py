@@ -108,7 +108,7 @@ class MTPDrafter(ChainDrafter):
         if folder is not None:
             model = MTPModel.load(folder, target)
         else:
-            spec = LayerSpec.from_config(target.config, config.intermediate_size)
+            spec = LayerSpec.from_target(target, config.intermediate_size)
             model = fresh(MTPModel(spec, target), config.seed, self.name)
         self.model = model.to(device=target.device, dtype=target.dtype).eval()
 

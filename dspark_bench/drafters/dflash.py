@@ -1,0 +1,60 @@
+"""``dflash``: DFlash as DeepSeek implements it (reference 2.1): the DSpark block backbone without the Markov and
+confidence heads. All G tokens are sampled independently, ``x_k ~ q_k = to_probs(U_k, T)``; the loss is the
+weighted cross-entropy alone (decay gamma_w as for DSpark).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dspark_bench.drafters.base import DraftContext, Proposal
+from dspark_bench.drafters.blockdraft import BlockDraftModel
+from dspark_bench.drafters.blockdrafter import BlockConfig, BlockDrafter
+from dspark_bench.drafters.blockloss import (
+    acceptance_by_position,
+    analytic_acceptance,
+    cross_entropy,
+    position_weights,
+    tv_l1,
+    weighted_mean,
+)
+from dspark_bench.drafters.registry import register
+from dspark_bench.train.types import LossOutput
+from dspark_bench.verify import sample, to_probs
+
+if TYPE_CHECKING:
+    from dspark_bench.target import Target
+    from dspark_bench.train.types import TrainBatch
+
+
+class DFlashModel(BlockDraftModel):
+    def loss(self, batch: TrainBatch, generator: torch.Generator, num_anchors: int, decay_gamma: float) -> LossOutput:
+        """Weighted CE over ``num_anchors`` random anchors per sequence; acceptance from ||q - pi||_1."""
+        view = self.train_view(batch, generator, num_anchors)
+        t = view.targets
+        logits = self.base_logits(view.h)
+        loss = weighted_mean(cross_entropy(logits, t.labels), position_weights(t.validity, decay_gamma))
+        with torch.no_grad():
+            alpha = analytic_acceptance(tv_l1(torch.softmax(logits, dim=-1), view.pi))
+        return LossOutput(loss, {"loss": float(loss), "ce": float(loss)}, acceptance_by_position(alpha, t.validity))
+
+
+@register("dflash")
+class DFlashDrafter(BlockDrafter):
+    @dataclass(frozen=True)
+    class Config(BlockConfig):
+        pass
+
+    Model = DFlashModel
+
+    def arch_fields(self, config: Config, target: Target) -> dict[str, Any]:
+        return {**super().arch_fields(config, target), "markov_rank": 0, "confidence_head": False}
+
+    def draw(self, ctx: DraftContext, h: torch.Tensor) -> Proposal:
+        q = to_probs(self.model.base_logits(h), ctx.temperature)  # [R, G, V]
+        tokens = torch.tensor([[sample(q[r, k], s.generator) for k in range(q.shape[1])]
+                               for r, s in enumerate(ctx.slots)], dtype=torch.long)
+        return Proposal(tokens, torch.full((len(ctx.slots),), q.shape[1], dtype=torch.long), q)

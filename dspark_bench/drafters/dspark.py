@@ -1,0 +1,193 @@
+"""``dspark``: DSpark, the block backbone plus a sequential Markov head and a confidence head (reference 1.4-1.6).
+
+* **Markov head** (``vanilla``): ``logits_k = U_k + E[x_{k-1}] P`` with ``E`` = ``markov_w1`` [V, r] and ``P`` =
+  ``markov_w2`` (Linear r -> V, no bias); ``x_0`` is the anchor. At inference the block is sampled left to right:
+  ``q_k = to_probs(logits_k, T)`` and ``x_k ~ q_k`` with the request's generator, and exactly that ``q_k`` goes
+  to the verifier. In training ``x_{k-1}`` is the ground-truth token (teacher forcing, fully parallel).
+  Variants (``markov_head_type``): ``gated``, ``beta = P (sigmoid(W_g [h_k; e]) * e)``; ``rnn`` (paper eq. 6),
+  ``s_k = sigmoid(g) s_{k-1} + (1 - sigmoid(g)) tanh(c)``, ``beta = P tanh(o)``, with ``(g, c, o)`` a linear map
+  of ``[s_{k-1}; e; h_k]`` and ``s_0 = 0``. Here ``e = E[x_{k-1}]``.
+* **Confidence head**: ``c_k = sigmoid(w [h_k; E[x_{k-1}]] + b)``, the predicted probability that draft token k
+  survives given that 1..k-1 did; reported in ``Proposal.confidence``.
+* **Loss**: ``0.1 CE + 0.9 ||q - pi||_1 + 1.0 BCE(c_k, alpha*_k)``, each a weighted mean (see ``blockloss``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_bench.drafters.base import DraftContext, Proposal
+from dspark_bench.drafters.blockdraft import MARKOV_HEAD_TYPES, Arch, BlockDraftModel
+from dspark_bench.drafters.blockdrafter import BlockConfig, BlockDrafter
+from dspark_bench.drafters.blockloss import (
+    acceptance_by_position,
+    analytic_acceptance,
+    cross_entropy,
+    position_weights,
+    tv_l1,
+    weighted_mean,
+)
+from dspark_bench.drafters.registry import DrafterError, register
+from dspark_bench.train.types import LossOutput
+from dspark_bench.verify import sample, to_probs
+
+if TYPE_CHECKING:
+    from dspark_bench.target import Target
+    from dspark_bench.train.types import TrainBatch
+
+ALPHA_CE, ALPHA_L1, ALPHA_CONF = 0.1, 0.9, 1.0  # the paper's and the released configs' loss weights
+
+
+def dspark_loss_terms(logits: torch.Tensor, labels: torch.Tensor, pi: torch.Tensor, conf_logit: torch.Tensor | None,
+                      weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Weighted-mean CE, L1 and confidence BCE for Markov-corrected logits [..., V], labels [...], target laws
+    pi [..., V], confidence logits [...] (None: no head) and weights [...]; also ``alpha`` [...] (alpha*)."""
+    ce = cross_entropy(logits, labels)
+    l1 = tv_l1(torch.softmax(logits.float(), dim=-1), pi)
+    alpha = analytic_acceptance(l1)
+    terms = {"ce": weighted_mean(ce, weights), "l1": weighted_mean(l1, weights), "alpha": alpha}
+    if conf_logit is not None:
+        bce = F.binary_cross_entropy_with_logits(conf_logit.float(), alpha, reduction="none")
+        terms["conf"] = weighted_mean(bce, weights)
+    return terms
+
+
+def dspark_total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    """0.1 CE + 0.9 L1 + 1.0 BCE."""
+    total = ALPHA_CE * terms["ce"] + ALPHA_L1 * terms["l1"]
+    return total + ALPHA_CONF * terms["conf"] if "conf" in terms else total
+
+
+class MarkovHead(nn.Module):
+    def __init__(self, kind: str, vocab: int, rank: int, hidden: int):
+        super().__init__()
+        self.kind = kind
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+        if kind == "gated":
+            self.gate_proj = nn.Linear(hidden + rank, rank)
+        elif kind == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
+
+    def step(self, h: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None):
+        """Bias [..., V] (fp32) for slot outputs h [..., d] and previous tokens prev [...]; state [..., r] (rnn)."""
+        e = self.markov_w1(prev)
+        if self.kind == "gated":
+            e = torch.sigmoid(self.gate_proj(torch.cat([h, e], dim=-1))) * e
+        elif self.kind == "rnn":
+            s = torch.zeros_like(e) if state is None else state
+            gate, cand, out = self.joint_proj(torch.cat([s, e, h], dim=-1)).chunk(3, dim=-1)
+            state = torch.sigmoid(gate) * s + (1 - torch.sigmoid(gate)) * torch.tanh(cand)
+            e = torch.tanh(out)
+        return self.markov_w2(e).float(), state
+
+    def teacher_forced(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """Bias [..., G, V] for h [..., G, d] and ground-truth previous tokens prev [..., G]."""
+        if self.kind != "rnn":
+            return self.step(h, prev, None)[0]
+        state, out = None, []
+        for k in range(prev.shape[-1]):  # the recurrence is unrolled over the block
+            bias, state = self.step(h[..., k, :], prev[..., k], state)
+            out.append(bias)
+        return torch.stack(out, dim=-2)
+
+
+class ConfidenceHead(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.proj = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., width] -> logits [...]
+        return self.proj(x).squeeze(-1)
+
+
+def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, head: MarkovHead, temperature: float,
+                  generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-to-right sampling of R blocks. base [R, G, V] fp32 logits U; h [R, G, d]; anchors [R].
+
+    Returns tokens [R, G] (CPU), q [R, G, V] (the law each token was drawn from) and prev [R, G] (x_{k-1}).
+    Token k depends on the backbone only through base[:, k] (and h[:, k] for gated/rnn) and on x_{k-1}.
+    """
+    rows, size, _ = base.shape
+    tokens = torch.zeros(rows, size, dtype=torch.long)
+    q = torch.empty(base.shape, dtype=torch.float32, device=base.device)
+    prev, prevs, state = anchors, [], None
+    for k in range(size):
+        prevs.append(prev)
+        bias, state = head.step(h[:, k], prev, state)
+        q[:, k] = to_probs(base[:, k] + bias, temperature)
+        tokens[:, k] = torch.tensor([sample(q[r, k], g) for r, g in enumerate(generators)])
+        prev = tokens[:, k].to(base.device)
+    return tokens, q, torch.stack(prevs, dim=1)
+
+
+class DSparkModel(BlockDraftModel):
+    def __init__(self, arch: Arch, target: Target):
+        super().__init__(arch, target)
+        if arch.markov_rank < 1:
+            raise DrafterError("DSpark needs markov_rank >= 1 (markov_rank 0 is DFlash)")
+        r, d = arch.markov_rank, arch.hidden_size
+        self.markov_head = MarkovHead(arch.markov_head_type, arch.vocab_size, r, d)
+        if arch.confidence_head:
+            self.confidence_head = ConfidenceHead(d + r if arch.confidence_with_markov else d)
+
+    def confidence_logit(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor | None:
+        """g_k [...] for h [..., d] and previous tokens prev [...]; None without a confidence head."""
+        if not self.arch.confidence_head:
+            return None
+        x = torch.cat([h, self.markov_head.markov_w1(prev)], -1) if self.arch.confidence_with_markov else h
+        return self.confidence_head(x)
+
+    def loss(self, batch: TrainBatch, generator: torch.Generator, num_anchors: int, decay_gamma: float) -> LossOutput:
+        """Teacher-forced DSpark loss over ``num_anchors`` random anchors per sequence (reference 1.6)."""
+        view = self.train_view(batch, generator, num_anchors)
+        t = view.targets
+        logits = self.base_logits(view.h) + self.markov_head.teacher_forced(view.h, t.prev)
+        weights = position_weights(t.validity, decay_gamma)
+        terms = dspark_loss_terms(logits, t.labels, view.pi, self.confidence_logit(view.h, t.prev), weights)
+        alpha = terms.pop("alpha")
+        loss = dspark_total(terms)
+        logged = {"loss": float(loss), **{k: float(v) for k, v in terms.items()}}
+        return LossOutput(loss, logged, acceptance_by_position(alpha, t.validity))
+
+
+@register("dspark")
+class DSparkDrafter(BlockDrafter):
+    @dataclass(frozen=True)
+    class Config(BlockConfig):
+        markov_rank: int = 64
+        markov_head_type: str = "vanilla"  # vanilla | gated | rnn
+
+    Model = DSparkModel
+
+    def arch_fields(self, config: Config, target: Target) -> dict[str, Any]:
+        if config.markov_rank < 1 or config.markov_head_type not in MARKOV_HEAD_TYPES:
+            raise DrafterError(f"dspark needs markov_rank >= 1 and markov_head_type in {MARKOV_HEAD_TYPES}, got "
+                               f"{config.markov_rank}, {config.markov_head_type!r}")
+        return {**super().arch_fields(config, target), "markov_rank": config.markov_rank,
+                "markov_head_type": config.markov_head_type, "confidence_head": True}
+
+    def draw(self, ctx: DraftContext, h: torch.Tensor) -> Proposal:
+        """1. base logits U (parallel); 2. Markov sampling (sequential, timed); 3. confidences."""
+        base = self.model.base_logits(h)
+        anchors = torch.tensor([s.tokens[-1] for s in ctx.slots], device=h.device)
+        t0 = _clock(h.device)
+        tokens, q, prev = sample_markov(base, h, anchors, self.model.markov_head, ctx.temperature,
+                                        [s.generator for s in ctx.slots])
+        sequential_s = _clock(h.device) - t0
+        logit = self.model.confidence_logit(h, prev)
+        confidence = None if logit is None else torch.sigmoid(logit.float())
+        lengths = torch.full((len(ctx.slots),), tokens.shape[1], dtype=torch.long)
+        return Proposal(tokens, lengths, q, confidence, sequential_s)
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

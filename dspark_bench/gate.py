@@ -1,0 +1,251 @@
+"""Regression gates: compare a fresh run with a committed baseline; a regression fails CI.
+
+A baseline (``baselines/<NAME>/baseline.json``) stores, per drafter: per domain the per-prompt integer counts
+(committed tokens, rounds) behind tau from sampled (temperature > 0) runs, the per-position counts behind the
+conditional acceptance, the speedup over ``none`` measured in the same run (per repeat), greedy equality with
+``none`` (from temperature-0 runs) and the lossless battery's verdicts (``lossless.json`` in a run folder).
+
+Decision rules:
+
+* **tau** (per drafter x domain): r = tau_new / tau_base. Fail iff r < 1 - tol **and** the upper end of the
+  95% bootstrap interval of r is below 1 (prompts resampled independently in each run). The tolerance
+  (default 5%, as vLLM's acceptance-length gate) keeps noise from failing; the interval requires the drop to
+  be resolvable at the sample size. Power is measured, not assumed: see the README's gate section.
+* **per-position conditional acceptance** (pooled over domains): fail iff new < base * (1 - position tol) and
+  a one-sided two-proportion z-test rejects equality at alpha = 1e-3.
+* **speedup over none** (a ratio measured within each run, never an absolute time): fail iff every repeat's
+  ratio is below base * (1 - speedup tol); default 20%, since CPU timings vary 10-50%.
+* **greedy equality** and **lossless verdicts**: any mismatch or failed verdict fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from dspark_bench.metrics import count_rounds
+from dspark_bench.results import RequestRecord, read_manifest, read_records
+
+BASELINE_FILE = "baseline.json"
+LOSSLESS_FILE = "lossless.json"
+
+
+class GateError(ValueError):
+    """A baseline or run that cannot be compared."""
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    tau: float = 0.05
+    position: float = 0.10
+    speedup: float = 0.20
+    alpha: float = 1e-3
+    n_boot: int = 4000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Check:
+    metric: str
+    scope: str
+    baseline: float | None
+    new: float | None
+    interval: str
+    verdict: str  # "pass", "fail", or "n/a: reason"
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == "fail"
+
+
+# ---- snapshots: what a baseline stores and a new run is reduced to ------------------------------------------
+def snapshot(runs: list[Path]) -> dict:
+    """The comparable content of one or more run folders, from recorded results only."""
+    sampled: list[RequestRecord] = []
+    greedy: list[RequestRecord] = []
+    speedups: dict[str, list[float]] = {}
+    gammas = set()
+    for run in runs:
+        manifest = read_manifest(run)
+        gammas.add(manifest["args"]["block_size"])
+        recs = [r for r in read_records(run) if r.ok]
+        (sampled if manifest["args"]["temperature"] > 0 else greedy).extend(recs)
+        if manifest["args"]["temperature"] > 0 and (run / "summary.json").is_file():
+            for g in json.loads((run / "summary.json").read_text())["groups"]:
+                if g["scope"] == "all" and g["drafter"] != "none":
+                    speedups.setdefault(g["drafter"], []).extend(g["speedup_vs_none_repeats"])
+    if len(gammas) != 1:
+        raise GateError(f"runs mix block sizes {sorted(gammas)}; gate one block size at a time")
+    gamma = gammas.pop()
+    drafters = sorted({r.drafter for r in sampled + greedy})
+    return {
+        "gamma": gamma,
+        "drafters": {d: _drafter_snapshot(d, sampled, greedy, speedups.get(d, []), gamma) for d in drafters},
+        "lossless": _lossless(runs),
+    }
+
+
+def _drafter_snapshot(name, sampled, greedy, speedups, gamma) -> dict:
+    mine = [r for r in sampled if r.drafter == name and r.repeat == 0]
+    domains = sorted({r.domain for r in mine})
+    c = count_rounds((x for r in mine for x in r.rounds), gamma)
+    return {
+        "domains": {d: {f"{r.dataset}/{r.prompt_id}": [sum(x[3] for x in r.rounds), len(r.rounds)]
+                        for r in mine if r.domain == d} for d in domains},
+        "positions": {"examined": list(c.examined_at), "accepted": list(c.accepted_at)},
+        "speedup_repeats": speedups,
+        "greedy_equal": _greedy_equal(name, greedy),
+    }
+
+
+def _greedy_equal(name: str, greedy: list[RequestRecord]) -> bool | None:
+    """True iff every temperature-0 output of ``name`` equals ``none``'s on the same prompt; None if no data."""
+    ref = {(r.dataset, r.prompt_id, r.repeat): r.output_ids for r in greedy if r.drafter == "none"}
+    mine = [r for r in greedy if r.drafter == name and (r.dataset, r.prompt_id, r.repeat) in ref]
+    if name == "none" or not mine:
+        return None
+    return all(ref[(r.dataset, r.prompt_id, r.repeat)] == r.output_ids for r in mine)
+
+
+def _lossless(runs: list[Path]) -> list[dict]:
+    rows = []
+    for run in runs:
+        path = run / LOSSLESS_FILE
+        if path.is_file():
+            rows.extend(json.loads(path.read_text()).get("rows", []))
+    return rows
+
+
+# ---- checks ---------------------------------------------------------------------------------------------------
+def _tau(pairs: np.ndarray) -> float:  # pairs: [n, 2] (committed, rounds)
+    return float(pairs[:, 0].sum() / max(pairs[:, 1].sum(), 1))
+
+
+def tau_check(scope: str, base: dict[str, list[int]], new: dict[str, list[int]], tol: Tolerances) -> Check:
+    """tau ratio with a bootstrap interval; prompts common to both runs are resampled as pairs."""
+    if not new:
+        return Check("tau", scope, _tau(np.array(list(base.values()), float)), None, "", "fail")
+    b, n = np.array(list(base.values()), float), np.array(list(new.values()), float)
+    ratio = _tau(n) / _tau(b)
+    rng = np.random.default_rng(tol.seed)
+    common = sorted(set(base) & set(new))
+    if len(common) >= 0.8 * max(len(base), len(new)):
+        b, n = np.array([base[k] for k in common], float), np.array([new[k] for k in common], float)
+        idx = rng.integers(0, len(common), (tol.n_boot, len(common)))
+        ib = iN = idx
+    else:
+        ib = rng.integers(0, len(b), (tol.n_boot, len(b)))
+        iN = rng.integers(0, len(n), (tol.n_boot, len(n)))
+    boot = (n[iN, 0].sum(1) / n[iN, 1].sum(1)) / (b[ib, 0].sum(1) / b[ib, 1].sum(1))
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    fail = ratio < 1 - tol.tau and hi < 1
+    return Check("tau", scope, _tau(np.array(list(base.values()), float)), _tau(np.array(list(new.values()), float)),
+                 f"ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}]", "fail" if fail else "pass")
+
+
+def position_checks(name: str, base: dict, new: dict, tol: Tolerances) -> list[Check]:
+    out = []
+    for j, (eb, ab, en, an) in enumerate(zip(base["examined"], base["accepted"], new["examined"], new["accepted"],
+                                            strict=False), 1):
+        if not eb or not en:
+            continue
+        pb, pn = ab / eb, an / en
+        pooled = (ab + an) / (eb + en)
+        se = math.sqrt(max(pooled * (1 - pooled) * (1 / eb + 1 / en), 1e-300))
+        p_value = float(stats.norm.cdf((pn - pb) / se))  # one-sided: new lower than base
+        fail = pn < pb * (1 - tol.position) and p_value < tol.alpha
+        out.append(Check(f"accept@{j}", name, pb, pn, f"n {eb}/{en}, p={p_value:.2g}", "fail" if fail else "pass"))
+    return out
+
+
+def speedup_check(name: str, base: list[float], new: list[float], tol: Tolerances) -> Check:
+    if not base:
+        return Check("speedup vs none", name, None, None, "", "n/a: baseline has no speedup")
+    ref = statistics.median(base)
+    if not new:
+        return Check("speedup vs none", name, ref, None, "", "fail")
+    floor = ref * (1 - tol.speedup)
+    fail = all(s < floor for s in new)
+    return Check("speedup vs none", name, ref, statistics.median(new),
+                 f"repeats {min(new):.2f}-{max(new):.2f}, floor {floor:.2f}", "fail" if fail else "pass")
+
+
+def greedy_check(name: str, base: bool | None, new: bool | None) -> Check | None:
+    if base is None and new is None:
+        return None
+    if new is None:
+        return Check("greedy == none", name, float(bool(base)), None, "", "n/a: run has no temperature-0 records")
+    return Check("greedy == none", name, None if base is None else float(base), float(new), "",
+                 "pass" if new else "fail")
+
+
+def lossless_checks(base_rows: list[dict], new_rows: list[dict]) -> list[Check]:
+    if not new_rows:
+        return [Check("lossless", "battery", None, None, "", "n/a: no lossless.json in the run")] if base_rows else []
+    out = []
+    for row in new_rows:
+        want = row.get("expected", "fail" if row.get("is_control") else "pass")
+        scope = f"{row['test']} {row['configuration']}"
+        out.append(Check("lossless", scope, None, row.get("p_value"), f"n={row.get('n')}",
+                         "pass" if row["verdict"] == want else "fail"))
+    return out
+
+
+def compare(baseline: dict, new: dict, tol: Tolerances = Tolerances()) -> list[Check]:
+    """Every check of the module docstring, baseline vs a new snapshot."""
+    if baseline["gamma"] != new["gamma"]:
+        raise GateError(f"baseline block size {baseline['gamma']} != run block size {new['gamma']}")
+    checks: list[Check] = []
+    for name, b in baseline["drafters"].items():
+        n = new["drafters"].get(name)
+        if n is None:
+            checks.append(Check("present", name, None, None, "", "fail"))
+            continue
+        for domain, pairs in b["domains"].items():
+            if name != "none":
+                checks.append(tau_check(f"{name} / {domain}", pairs, n["domains"].get(domain, {}), tol))
+        checks += position_checks(name, b["positions"], n["positions"], tol)
+        if name != "none":
+            checks.append(speedup_check(name, b["speedup_repeats"], n["speedup_repeats"], tol))
+        g = greedy_check(name, b["greedy_equal"], n["greedy_equal"])
+        checks += [g] if g else []
+    return checks + lossless_checks(baseline["lossless"], new["lossless"])
+
+
+def load_baseline(folder: Path) -> dict:
+    path = Path(folder) / BASELINE_FILE
+    if not path.is_file():
+        raise GateError(f"{folder} is not a baseline: {BASELINE_FILE} missing (create one with "
+                        "'dspark-bench baseline update RESULTS --name NAME')")
+    return json.loads(path.read_text())
+
+
+def write_baseline(runs: list[Path], folder: Path) -> Path:
+    """Snapshot ``runs`` into ``folder``/baseline.json with the manifests of its source runs."""
+    snap = snapshot(runs)
+    snap["sources"] = [{"run": str(run), "args": read_manifest(run)["args"], "git": read_manifest(run).get("git"),
+                        "versions": read_manifest(run).get("versions")} for run in runs]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / BASELINE_FILE).write_text(json.dumps(snap, indent=1) + "\n")
+    return folder / BASELINE_FILE
+
+
+def _num(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def markdown(checks: list[Check]) -> str:
+    lines = ["| metric | scope | baseline | new | interval | verdict |", "|---|---|---|---|---|---|"]
+    for c in checks:
+        verdict = "**FAIL**" if c.failed else c.verdict
+        lines.append(f"| {c.metric} | {c.scope} | {_num(c.baseline)} | {_num(c.new)} | {c.interval} | {verdict} |")
+    failed = sum(c.failed for c in checks)
+    lines.append("")
+    lines.append(f"**{failed} regression(s)**" if failed else "**no regression**")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,193 @@
+"""What a report reads: run folders and the optional result files of :mod:`dspark_bench.report.inputs`.
+
+A report input is a run folder (``manifest.json`` + ``summary.json``, or ``records.jsonl`` of a run that did not
+finish), a folder of run folders, a folder holding only result files, or a result file named directly.
+Numbers come from ``summary.json`` as recorded. Only a run without one (it stopped early) is re-aggregated,
+from its records, by :func:`dspark_bench.metrics.summarize`: the one definition of every metric.
+
+Every summary group becomes an :class:`Entry`. Its *label* is the drafter name plus whatever else varies
+across the report's inputs (target, scheduler, concurrency, block size γ, and the run when two runs would
+otherwise share a label), so one label names one series in every table and figure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_bench.report.inputs import KINDS, ReportError, read_artifact
+from dspark_bench.report.style import domain_sort_key, drafter_sort_key
+from dspark_bench.results import MANIFEST, RECORDS, SUMMARY, ResultsError, read_manifest
+
+VARIANT_FIELDS = ("target", "scheduler", "concurrency", "block_size", "run")
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run folder as recorded."""
+
+    path: Path
+    name: str
+    manifest: Mapping[str, Any]
+    summary: Mapping[str, Any]
+    summary_source: str  # "summary.json", or how it was rebuilt
+
+    @property
+    def target(self) -> str:
+        return str(self.manifest.get("target", {}).get("name") or self.manifest.get("args", {}).get("target", "?"))
+
+    @property
+    def block_size(self) -> int:
+        return int(self.manifest.get("args", {}).get("block_size") or self.summary.get("gamma"))
+
+    def domains(self) -> dict[str, str]:
+        """Dataset -> domain, from the manifest's prompt list."""
+        return {p["dataset"]: p["domain"] for p in self.manifest.get("prompts", [])}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One summary group (drafter x scheduler x concurrency, over one dataset, domain or all prompts)."""
+
+    run: str
+    target: str
+    drafter: str
+    scheduler: str
+    concurrency: int
+    block_size: int
+    scope: str  # "dataset" | "domain" | "all"
+    name: str  # dataset name, domain name, or "all"
+    metrics: Mapping[str, Any] = field(hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything one report shows."""
+
+    runs: tuple[RunData, ...]
+    entries: tuple[Entry, ...]
+    artifacts: Mapping[str, tuple[Any, ...]]  # kind -> parsed files (see inputs.KINDS)
+    domains: Mapping[str, str]  # dataset -> domain
+    varying: frozenset[str]  # which of VARIANT_FIELDS label the series
+
+    def label(self, e: Entry, omit: Iterable[str] = ()) -> str:
+        """Drafter name plus the fields that vary across the inputs (except ``omit``)."""
+        parts = [e.drafter]
+        shown = [f for f in VARIANT_FIELDS if f in self.varying and f not in set(omit)]
+        for f in shown:
+            value = getattr(e, f)
+            parts.append({"block_size": f"γ={value}", "concurrency": f"c={value}"}.get(f, str(value)))
+        return " · ".join(parts)
+
+    def select(self, scope: str, name: str | None = None) -> list[Entry]:
+        return [e for e in self.entries if e.scope == scope and (name is None or e.name == name)]
+
+    def datasets(self) -> list[str]:
+        """Dataset names, grouped by domain (math, code, chat, ...), first-seen order inside a domain."""
+        names = list(dict.fromkeys(e.name for e in self.entries if e.scope == "dataset"))
+        return sorted(names, key=lambda n: (domain_sort_key(self.domains.get(n, "custom")), names.index(n)))
+
+    def labels(self, entries: Sequence[Entry], omit: Iterable[str] = ()) -> list[str]:
+        """Distinct labels of ``entries``, drafters in canonical order."""
+        firsts = {}
+        for e in entries:
+            firsts.setdefault(self.label(e, omit), e)
+        return sorted(firsts, key=lambda lab: (drafter_sort_key(firsts[lab].drafter), lab))
+
+
+def _summary(folder: Path, manifest: Mapping[str, Any]) -> tuple[dict, str]:
+    if (folder / SUMMARY).is_file():
+        return json.loads((folder / SUMMARY).read_text(encoding="utf-8")), SUMMARY
+    from dspark_bench.metrics import summarize
+    from dspark_bench.results import read_records
+
+    gamma = int(manifest.get("args", {}).get("block_size", 0))
+    if gamma < 1:
+        raise ReportError(f"{folder}: no {SUMMARY} and no block_size in {MANIFEST}; cannot summarise the records")
+    return summarize(read_records(folder), gamma), f"{RECORDS} (no {SUMMARY}: run unfinished; metrics.summarize)"
+
+
+def read_run(folder: Path, name: str | None = None) -> RunData:
+    """A run folder as recorded; fails with a clear message when it is not one."""
+    try:
+        manifest = read_manifest(folder)
+    except ResultsError as exc:
+        raise ReportError(str(exc)) from None
+    summary, source = _summary(folder, manifest)
+    if not isinstance(summary.get("groups"), list):
+        raise ReportError(f"{folder / SUMMARY}: expected an object with a 'groups' list (see metrics.summarize)")
+    return RunData(folder, name or folder.name, manifest, summary, source)
+
+
+def _is_run(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file() and ((folder / SUMMARY).is_file() or (folder / RECORDS).is_file())
+
+
+def _artifact_files(folder: Path) -> list[Path]:
+    return [folder / f"{k}.json" for k in KINDS if (folder / f"{k}.json").is_file()]
+
+
+def _expand(path: Path) -> tuple[list[Path], list[Path]]:
+    """(run folders, result files) that one command-line input stands for."""
+    if path.is_file():
+        return [], [path]
+    if not path.is_dir():
+        raise ReportError(f"{path}: no such file or folder")
+    if _is_run(path):
+        return [path], _artifact_files(path)
+    runs = sorted(p for p in path.iterdir() if p.is_dir() and _is_run(p))
+    files = _artifact_files(path) + [f for r in runs for f in _artifact_files(r)]
+    if not runs and not files:
+        raise ReportError(f"{path}: neither a run folder ({MANIFEST} + {SUMMARY} or {RECORDS}), a folder of run "
+                          f"folders, nor a folder with any of {', '.join(k + '.json' for k in KINDS)}")
+    return runs, files
+
+
+def _unique_names(folders: Sequence[Path]) -> list[str]:
+    names = [f.name for f in folders]
+    return [f"{f.parent.name}/{f.name}" if names.count(f.name) > 1 else f.name for f in folders]
+
+
+def _entries(run: RunData) -> list[Entry]:
+    return [Entry(run.name, run.target, g["drafter"], g.get("scheduler", "fixed"), int(g.get("concurrency", 1)),
+                  run.block_size, g["scope"], g["name"], g) for g in run.summary["groups"]]
+
+
+def _varying(entries: Sequence[Entry]) -> frozenset[str]:
+    varying = {f for f in VARIANT_FIELDS[:-1] if len({getattr(e, f) for e in entries}) > 1}
+    keys = [(e.drafter, e.scope, e.name, *(getattr(e, f) for f in sorted(varying))) for e in entries]
+    if len(keys) != len(set(keys)):
+        varying.add("run")  # the same configuration recorded by two runs: tell them apart by run
+    return frozenset(varying)
+
+
+def _known_domains() -> dict[str, str]:
+    """Dataset -> domain for the datasets we ship and the paper's, for runs whose manifest lists no prompts."""
+    from dspark_bench.report.paper import load_table1
+    from dspark_bench.suites import SuiteError, datasets
+
+    try:
+        ours = {name: spec.domain for name, spec in datasets().items()}
+    except (OSError, SuiteError):
+        ours = {}
+    return {**{d.name: d.domain for d in load_table1().datasets}, **ours}
+
+
+def load_inputs(paths: Sequence[Path]) -> Inputs:
+    """Read every input; duplicates are read once."""
+    run_folders: list[Path] = []
+    files: list[Path] = []
+    for path in paths:
+        runs, found = _expand(Path(path))
+        run_folders += [r for r in runs if r.resolve() not in {x.resolve() for x in run_folders}]
+        files += [f for f in found if f.resolve() not in {x.resolve() for x in files}]
+    runs = tuple(read_run(f, n) for f, n in zip(run_folders, _unique_names(run_folders), strict=True))
+    artifacts: dict[str, list[Any]] = {}
+    for f in files:
+        artifacts.setdefault(f.name.removesuffix(".json"), []).append(read_artifact(f))
+    entries = tuple(e for r in runs for e in _entries(r))
+    domains = {**_known_domains(), **{d: dom for r in runs for d, dom in r.domains().items()}}
+    return Inputs(runs, entries, {k: tuple(v) for k, v in artifacts.items()}, domains, _varying(entries))

@@ -1,0 +1,190 @@
+"""Tables of a report, as plain text cells, built from recorded numbers only.
+
+The one derived quantity is the paper's presentation of Table 1: a **domain mean** is the unweighted mean of
+a row's per-dataset τ over the datasets of that domain, and the **macro average** the mean over all datasets
+(shown only when the row has every dataset, as in the paper); a **relative gain** is τ_DSpark / τ_baseline - 1
+of those means. Per-dataset τ and its 95% interval are read from ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dspark_bench.report.inputs import Lossless
+from dspark_bench.report.load import Entry, Inputs, RunData
+from dspark_bench.report.style import TAU_DEFINITION, drafter_sort_key, fmt, fmt_ci, fmt_pct
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    caption: str = ""
+    groups: tuple[tuple[str, int], ...] = ()  # optional header row spanning columns: (text, width)
+
+
+def macro_mean(values: Sequence[float | None]) -> float | None:
+    """Unweighted mean of per-dataset τ (the paper's domain means and macro average); None if any is missing."""
+    return None if not values or any(v is None for v in values) else statistics.fmean(values)
+
+
+def relative_gain(ours: float | None, base: float | None) -> float | None:
+    """ours / base - 1 (the paper's 'DSpark vs X' percentages)."""
+    return None if ours is None or not base else ours / base - 1
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Table 1 as numbers: per label, per dataset (τ, CI), plus domain means and the macro average."""
+
+    labels: tuple[str, ...]
+    datasets: tuple[str, ...]
+    domains: Mapping[str, tuple[str, ...]]  # domain -> its datasets, in column order
+    tau: Mapping[tuple[str, str], tuple[float | None, list | None]]  # (label, dataset) -> (tau, ci)
+
+    def means(self, label: str) -> dict[str, float | None]:
+        """Domain means and 'macro' for one row."""
+        out = {d: macro_mean([self.value(label, n) for n in names]) for d, names in self.domains.items()}
+        out["macro"] = macro_mean([self.value(label, n) for n in self.datasets])
+        return out
+
+    def value(self, label: str, dataset: str) -> float | None:
+        return self.tau.get((label, dataset), (None, None))[0]
+
+
+def grid(inputs: Inputs) -> Grid:
+    entries = inputs.select("dataset")
+    datasets = tuple(inputs.datasets())
+    domains: dict[str, tuple[str, ...]] = {}
+    for name in datasets:
+        dom = inputs.domains.get(name, "custom")
+        domains[dom] = (*domains.get(dom, ()), name)
+    tau = {(inputs.label(e), e.name): (e.metrics.get("tau"), e.metrics.get("tau_ci95")) for e in entries}
+    return Grid(tuple(inputs.labels(entries)), datasets, domains, tau)
+
+
+def table1(inputs: Inputs) -> Table:
+    """Rows drafters, columns datasets grouped by domain, each domain followed by its mean; macro last."""
+    g = grid(inputs)
+    columns, groups = ["drafter"], [("", 1)]
+    for dom, names in g.domains.items():
+        columns += [*names, f"{dom} mean"]
+        groups.append((dom, len(names) + 1))
+    columns.append("macro avg")
+    groups.append(("all", 1))
+    rows = []
+    for label in g.labels:
+        means = g.means(label)
+        row = [label]
+        for dom, names in g.domains.items():
+            row += [fmt(g.value(label, n)) + fmt_ci(g.tau.get((label, n), (None, None))[1]) for n in names]
+            row.append(fmt(means[dom]))
+        rows.append((*row, fmt(means["macro"], ".3f")))
+    caption = (f"{TAU_DEFINITION} Brackets: 95% bootstrap interval over prompts (from summary.json). Domain "
+               "means and the macro average are unweighted means of the per-dataset τ, as in the paper's Table 1.")
+    return Table("Accepted length τ per dataset", tuple(columns), tuple(rows), caption, tuple(groups))
+
+
+def _suffix(label: str, drafter: str) -> str:
+    """The label's variant part (everything after the drafter name)."""
+    return label.removeprefix(drafter)
+
+
+def gains_table(inputs: Inputs) -> Table | None:
+    """DSpark's relative gain over each baseline with the same variant suffix (domain means and macro)."""
+    g = grid(inputs)
+    by_label = {inputs.label(e): e.drafter for e in inputs.select("dataset")}
+    ours = [lab for lab in g.labels if by_label[lab] == "dspark"]
+    rows = []
+    for mine in ours:
+        suffix = _suffix(mine, "dspark")
+        for base in g.labels:
+            if by_label[base] in ("dspark", "none") or _suffix(base, by_label[base]) != suffix:
+                continue
+            m, b = g.means(mine), g.means(base)
+            rows.append((mine, base, *(fmt_pct(relative_gain(m[k], b[k])) for k in [*g.domains, "macro"])))
+    if not rows:
+        return None
+    caption = ("τ_DSpark / τ_baseline − 1 of the domain means and macro average of the table above "
+               "(none, vanilla decoding, has τ = 1 by definition and is left out).")
+    return Table("Relative gain of DSpark over each baseline", ("DSpark", "baseline", *g.domains, "macro"),
+                 tuple(rows), caption)
+
+
+def positions_table(inputs: Inputs, domain: str, entries: Sequence[Entry]) -> Table:
+    """Conditional acceptance per draft position, one row per series."""
+    width = max((len(e.metrics.get("positions", {}).get("conditional", [])) for e in entries), default=0)
+    rows = []
+    for e in entries:
+        cond = e.metrics.get("positions", {}).get("conditional", [])
+        rows.append((inputs.label(e), *(fmt(c) for c in cond), *("" for _ in range(width - len(cond)))))
+    return Table(f"Conditional acceptance per position: {domain}", ("drafter", *(f"k={j}" for j in range(1, width + 1))),
+                 tuple(rows))
+
+
+def _ms(p: Mapping[str, float] | None, key: str) -> str:
+    value = (p or {}).get(key)
+    return fmt(None if value is None else value * 1000, ".1f")
+
+
+def speed_table(inputs: Inputs) -> Table:
+    """Wall-clock numbers over all prompts, as recorded in summary.json."""
+    rows = []
+    for e in sorted(inputs.select("all"), key=lambda x: (drafter_sort_key(x.drafter), inputs.label(x))):
+        m = e.metrics
+        rows.append((inputs.label(e), str(m.get("n_requests", "–")), str(m.get("n_errors", "–")), fmt(m.get("tau")),
+                     fmt(m.get("tokens_per_s"), ".1f"), fmt(m.get("speedup_vs_none"), ".2f") + "×",
+                     *(_ms(m.get("ttft_s"), q) for q in ("p50", "p90", "p99")),
+                     *(_ms(m.get("tpot_s"), q) for q in ("p50", "p90", "p99"))))
+    caption = ("tokens/s = decode tokens / decode seconds (the first token is timed in TTFT); speedup = tokens/s "
+               "over `none` on the same prompts in the same run, median over repeats; TTFT and TPOT percentiles "
+               "over requests, in milliseconds. Definitions: dspark_bench/metrics.py.")
+    cols = ("drafter", "prompts", "errors", "τ", "tokens/s", "speedup vs none", "TTFT p50 (ms)", "TTFT p90 (ms)",
+            "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p90 (ms)", "TPOT p99 (ms)")
+    return Table("Wall-clock speed (all prompts)", cols, tuple(rows), caption)
+
+
+def lossless_table(docs: Sequence[Lossless]) -> Table:
+    rows = []
+    for doc in docs:
+        for r in doc.rows:
+            rows.append((r.test, r.configuration, "control" if r.is_control else "method", str(r.n),
+                         fmt(r.statistic, ".3g"), fmt(r.p_value, ".3g"), r.verdict))
+    alphas = sorted({d.alpha for d in docs if d.alpha is not None})
+    caption = ("Controls are deliberately broken samplers: a sound battery must reject them. "
+               + (f"Significance level α = {', '.join(map(str, alphas))}. " if alphas else "")
+               + "Source: " + ", ".join(str(d.source) for d in docs))
+    return Table("Lossless battery", ("test", "configuration", "kind", "n", "statistic", "p-value", "verdict"),
+                 tuple(rows), caption)
+
+
+def _versions(v: Mapping[str, str | None]) -> str:
+    return ", ".join(f"{k} {x}" for k, x in v.items() if x)
+
+
+def manifest_table(run: RunData) -> Table:
+    """What reproduces a run: target, drafters, arguments, versions, machine, seeds, git state."""
+    m = run.manifest
+    args, git, machine = m.get("args", {}), m.get("git", {}), m.get("machine", {})
+    target = m.get("target", {})
+    drafters = m.get("drafters", {})
+    rows = [
+        ("run folder", str(run.path)),
+        ("target", f"{run.target} ({target.get('dtype', args.get('dtype', '?'))}, {target.get('device', '?')})"),
+        ("drafters", ", ".join(drafters) if drafters else ", ".join(args.get("drafters", []))),
+        ("arguments", ", ".join(f"{k}={v}" for k, v in args.items() if k not in ("drafters", "drafter_options"))),
+        ("seeds", ", ".join(f"{k}: {v}" for k, v in m.get("seeds", {}).items())),
+        ("versions", _versions(m.get("versions", {}))),
+        ("machine", ", ".join(f"{k}={v}" for k, v in machine.items() if v is not None)),
+        ("git", f"{git.get('sha') or '?'}{' (dirty)' if git.get('dirty') else ''}"),
+        ("time", f"{m.get('started', '?')} → {m.get('finished', 'unfinished')}"),
+        ("numbers from", run.summary_source),
+    ]
+    for name, info in drafters.items():
+        config = info.get("config") if isinstance(info, Mapping) else None
+        if config:
+            rows.append((f"drafter {name}", ", ".join(f"{k}={v}" for k, v in config.items())))
+    return Table(f"Run {run.name}", ("field", "value"), tuple(rows))

@@ -1,0 +1,121 @@
+"""Regression gate decisions on synthetic recorded runs: noise passes, a real 10% tau drop fails."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dspark_bench.cli import main
+from dspark_bench.gate import Tolerances, compare, snapshot, tau_check, write_baseline
+from dspark_bench.metrics import summarize
+from dspark_bench.results import RequestRecord, RunWriter, write_json
+
+GAMMA = 7
+
+
+def _rounds(rng, mean_accept: float, n_rounds: int):
+    """Rounds of a fixed-length drafter whose accepted count is binomial-ish around ``mean_accept``."""
+    acc = np.clip(rng.binomial(GAMMA, mean_accept / GAMMA, n_rounds), 0, GAMMA)
+    return tuple((GAMMA, GAMMA, int(a), int(a) + 1) for a in acc)
+
+
+def _write_run(folder, seed, mean_accept, temperature=1.0, n_prompts=40, drafter="dspark", greedy_same=True):
+    rng = np.random.default_rng(seed)
+    manifest = {"schema_version": 1, "args": {"block_size": GAMMA, "temperature": temperature}}
+    records = []
+    with RunWriter(folder, manifest) as w:
+        for i in range(n_prompts):
+            difficulty = 1.0 + 0.5 * np.sin(i)  # prompts differ in how predictable they are
+            for name, mean in (("none", None), (drafter, mean_accept * difficulty)):
+                rounds = ((0, 0, 0, 1),) * 60 if mean is None else _rounds(rng, min(mean, 6.5), 20)
+                out = tuple(range(1 + sum(r[3] for r in rounds)))
+                if name != "none" and temperature == 0 and not greedy_same and i == 3:
+                    out = out[:-1] + (99999,)
+                rec = RequestRecord(name, "fixed", "ds", "math", f"p{i}", i, 0, seed + i, 1, "ok", "length", 5, out,
+                                    rounds, tuple((0.01, 0.04, 0.0, 0.0) for _ in rounds), 0.1,
+                                    0.04 * len(rounds) * (1 if mean is None else 1.1))
+                w.add(rec)
+                records.append(rec)
+    write_json(folder / "summary.json", summarize(records, GAMMA))
+    return folder
+
+
+def test_noise_passes_and_ten_percent_drop_fails(tmp_path):
+    base = _write_run(tmp_path / "base", seed=1, mean_accept=3.0)
+    baseline = snapshot([base])
+    passes = 0
+    for seed in range(2, 12):  # 10 reruns of the unchanged drafter with different seeds
+        run = _write_run(tmp_path / f"same{seed}", seed=seed, mean_accept=3.0)
+        checks = compare(baseline, snapshot([run]))
+        passes += not any(c.failed for c in checks if c.metric == "tau")
+    assert passes >= 9
+    for seed in range(20, 25):  # a real 10% drop in tau always fails
+        worse = _write_run(tmp_path / f"worse{seed}", seed=seed, mean_accept=3.0 * 0.87)
+        tau = [c for c in compare(baseline, snapshot([worse])) if c.metric == "tau"]
+        assert tau and all(c.failed for c in tau), tau
+
+
+def test_tau_check_needs_both_drop_and_resolution():
+    base = {f"p{i}": [30, 10] for i in range(30)}
+    tiny_drop = {f"p{i}": [29, 10] for i in range(30)}  # 3% drop: within tolerance
+    assert tau_check("x", base, tiny_drop, Tolerances()).verdict == "pass"
+    few = {"p0": [20, 10], "p1": [40, 10]}  # 10% drop but two noisy prompts: not resolvable
+    assert tau_check("x", {"p0": [30, 10], "p1": [30, 10]}, few, Tolerances()).verdict == "pass"
+
+
+def test_greedy_mismatch_and_missing_drafter_fail(tmp_path):
+    base = snapshot([_write_run(tmp_path / "b1", 1, 3.0), _write_run(tmp_path / "b0", 1, 3.0, temperature=0.0)])
+    bad = snapshot([_write_run(tmp_path / "n1", 2, 3.0), _write_run(tmp_path / "n0", 2, 3.0, temperature=0.0,
+                                                                     greedy_same=False)])
+    assert any(c.failed and c.metric == "greedy == none" for c in compare(base, bad))
+    other = snapshot([_write_run(tmp_path / "o1", 2, 3.0, drafter="eagle3")])
+    assert any(c.failed and c.metric == "present" for c in compare(base, other))
+
+
+def test_lossless_verdicts_gate(tmp_path):
+    base_run = _write_run(tmp_path / "b", 1, 3.0)
+    rows = [{"test": "ks", "configuration": "dspark", "n": 5000, "p_value": 0.4, "verdict": "pass",
+             "is_control": False, "expected": "pass"},
+            {"test": "chi2", "configuration": "control", "n": 500, "p_value": 1e-9, "verdict": "fail",
+             "is_control": True, "expected": "fail"}]
+    (base_run / "lossless.json").write_text(json.dumps({"rows": rows}))
+    baseline = snapshot([base_run])
+    new_run = _write_run(tmp_path / "n", 2, 3.0)
+    rows[1]["verdict"] = "pass"  # a control that passes means the battery lost its power
+    (new_run / "lossless.json").write_text(json.dumps({"rows": rows}))
+    failed = [c for c in compare(baseline, snapshot([new_run])) if c.failed]
+    assert [c.metric for c in failed] == ["lossless"]
+
+
+def test_cli_gate_and_baseline_update(tmp_path):
+    base = _write_run(tmp_path / "base", 1, 3.0)
+    runner = CliRunner()
+    res = runner.invoke(main, ["baseline", "update", str(base), "--name", "demo", "--root", str(tmp_path / "bl")])
+    assert res.exit_code == 0, res.output
+    same = _write_run(tmp_path / "same", 5, 3.0)
+    md = tmp_path / "summary.md"
+    ok = runner.invoke(main, ["gate", "--baseline", str(tmp_path / "bl" / "demo"), str(same), "--markdown", str(md)])
+    assert ok.exit_code == 0, ok.output
+    assert "no regression" in md.read_text()
+    worse = _write_run(tmp_path / "worse", 6, 2.5)
+    bad = runner.invoke(main, ["gate", "--baseline", str(tmp_path / "bl" / "demo"), str(worse)])
+    assert bad.exit_code == 1 and "regression" in bad.output
+
+
+def test_write_baseline_records_sources(tmp_path):
+    path = write_baseline([_write_run(tmp_path / "r", 1, 3.0)], tmp_path / "bl")
+    data = json.loads(path.read_text())
+    assert data["sources"][0]["args"]["block_size"] == GAMMA and "dspark" in data["drafters"]
+
+
+@pytest.mark.parametrize("gamma", [4])
+def test_block_size_mismatch_is_an_error(tmp_path, gamma):
+    from dspark_bench.gate import GateError
+
+    base = snapshot([_write_run(tmp_path / "b", 1, 3.0)])
+    other = dict(base, gamma=gamma)
+    with pytest.raises(GateError, match="block size"):
+        compare(base, other)
