@@ -283,5 +283,15 @@ def baseline_update(runs, name, root):
     stdout.print(f"baseline written to {path}")
 
 
+def _attach_commands() -> None:
+    """Commands that live with their subsystems (imported lazily inside their callbacks)."""
+    from dspark_bench.report.cli import paper, report
+
+    main.add_command(report)
+    main.add_command(paper)
+
+
+_attach_commands()
+
 if __name__ == "__main__":
     main()

@@ -136,7 +136,7 @@ class Engine:
                 gen = torch.Generator().manual_seed(req.seed)
                 first = sample(to_probs(out.logits[r, -1].float().cpu(), self.config.temperature), gen)
                 slot = Slot(req.request_id, [*req.prompt_ids, first], len(req.prompt_ids), gen)
-                slot.new_features = out.features[r] if out.features is not None else None
+                slot.new_features = out.features[r]
                 items.append(_Live(req, slot, t0, output=[first]))
             self.drafter.begin(ctx, [i.slot for i in items])
         except Exception as exc:  # noqa: BLE001 - a failed request is recorded, never fatal for the run
@@ -174,7 +174,7 @@ class Engine:
         self.target.keep(batch, [v.accepted + 1 for v in verdicts])  # 5. commit (cache)
         for r, (item, v) in enumerate(zip(live, verdicts, strict=True)):
             self._commit(item, proposal, r, v)
-            item.slot.new_features = None if out.features is None else out.features[r].head(v.accepted + 1)
+            item.slot.new_features = out.features[r].head(v.accepted + 1)
         self.drafter.commit(ctx, ctx.slots, verdicts)
         t3 = self._clock()
         for r, (item, v) in enumerate(zip(live, verdicts, strict=True)):

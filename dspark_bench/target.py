@@ -14,6 +14,7 @@ stream, ``hidden_states[l + 1]`` in HF numbering) and the final hidden state aft
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,11 +58,11 @@ class StepOutput:
     """Result of one target forward over a (padded) block for R rows.
 
     logits: [R, L, V] next-token logits per block slot (padded slots hold garbage).
-    features: per row, features of that row's real slots (None when no features were requested).
+    features: per row, features of that row's real slots (``layers`` is empty when no taps were asked for).
     """
 
     logits: torch.Tensor
-    features: list[Features] | None
+    features: list[Features]
 
 
 @dataclass(eq=False)
@@ -154,6 +155,9 @@ class Target:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.eos_ids = frozenset(self._eos_ids())
         self._softcap = getattr(self.config, "final_logit_softcapping", None)
+        # transformers renamed past_key_values to cache (5.2x); accept whichever this version's model takes
+        params = inspect.signature(self.model.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
     def load(cls, name: str = EMBEDDED, dtype: str = "bf16", cache_dir: Path | None = None, device=None) -> Target:
@@ -211,9 +215,7 @@ class Target:
         out = self._forward(batch, ids, real, positions, taps)
         batch.block_lens = [len(p) for p in prompts]
         batch.next_pos = torch.tensor(batch.block_lens, device=self.device)
-        feats = None
-        if out.features is not None:
-            feats = [self._slice(f, width - n, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
+        feats = [self._slice(f, width - n, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
         return batch, StepOutput(out.logits, feats)
 
     def forward_block(self, batch: KVBatch, blocks: list[list[int]], taps: tuple[int, ...] = ()) -> StepOutput:
@@ -229,9 +231,7 @@ class Target:
         positions = batch.next_pos.unsqueeze(1) + torch.arange(width, device=self.device)
         out = self._forward(batch, ids, real, positions, taps)
         batch.block_lens = [len(b) for b in blocks]
-        feats = None
-        if out.features is not None:
-            feats = [self._slice(f, 0, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
+        feats = [self._slice(f, 0, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
         return StepOutput(out.logits, feats)
 
     def _slice(self, f: Features, start: int, n: int) -> Features:
@@ -252,17 +252,18 @@ class Target:
                 input_ids=ids,
                 attention_mask=mask.unsqueeze(1),
                 position_ids=positions,
-                cache=batch.cache,
                 use_cache=True,
                 output_hidden_states=bool(taps),
+                **{self._cache_kwarg: batch.cache},
             )
             final = out.last_hidden_state
             logits = self.lm_head(final)
         batch.valid = valid
-        if not taps:
-            return StepOutput(logits, None)
-        self._check_taps(taps)
-        layers = torch.stack([out.hidden_states[t + 1] for t in taps], dim=2)  # [R, L, n_taps, d]
+        if taps:
+            self._check_taps(taps)
+            layers = torch.stack([out.hidden_states[t + 1] for t in taps], dim=2)  # [R, L, n_taps, d]
+        else:  # no tapped layers asked for: the final hidden state alone (what MTP conditions on)
+            layers = final.new_zeros(rows, width, 0, final.shape[-1])
         return StepOutput(logits, [Features(layers[r], final[r]) for r in range(rows)])
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:

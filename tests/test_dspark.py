@@ -61,6 +61,16 @@ def synthetic_batch(target, taps, rows=8, length=40, prompt=8, seed=0) -> TrainB
     return TrainBatch(ids, loss_mask, torch.ones(rows, length, dtype=torch.bool), layers, final)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and spinning OpenMP threads on a busy 2-core machine cost
+    tens of times the work; restore the setting for the rest of the session."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def llama():
     return tiny_target("llama")
@@ -140,6 +150,16 @@ def test_inference_block_equals_training_block_and_grows_incrementally(qwen):
         assert not torch.allclose(drafter.block_hidden(ctx2)[0], h_inf, atol=1e-3)
 
 
+def test_batched_blocks_equal_single_blocks(llama):
+    drafter = make("dspark", llama)
+    prompts = random_prompts(3, seed=12, min_len=4, max_len=14)  # contexts of different lengths: padded
+    alone = [drafter.block_hidden(start_slot(drafter, llama, p, rid=i)) for i, p in enumerate(prompts)]
+    ctxs = [start_slot(drafter, llama, p, rid=i) for i, p in enumerate(prompts)]
+    batched = DraftContext(llama, 1.0, 7, [c.slots[0] for c in ctxs])
+    with torch.inference_mode():
+        assert torch.allclose(drafter.block_hidden(batched), torch.cat(alone), atol=1e-5)
+
+
 def test_features_out_of_order_are_an_error(llama):
     drafter = make("dflash", llama)
     ctx = start_slot(drafter, llama, [5, 6, 7, 8])
@@ -168,8 +188,9 @@ def test_markov_sampling_matches_teacher_forcing_and_uses_only_previous_token(ki
         assert torch.equal(run(later, h)[0][:, :3], tokens[:, :3])  # x_1..x_3 ignore U_4, U_5
         if kind == "vanilla":  # the bias reads x_{k-1} only, not h
             assert torch.equal(run(base, torch.randn(h.shape, generator=g))[0], tokens)
-            bias = head.markov_w2(head.markov_w1(prev)).float()
-            assert torch.equal(q, to_probs(base + bias, 1.0))
+            for k in range(5):  # q_k is exactly to_probs(U_k + E[x_{k-1}] P)
+                bias = head.markov_w2(head.markov_w1(prev[:, k])).float()
+                assert torch.equal(q[:, k], to_probs(base[:, k] + bias, 1.0))
 
 
 # ---- (c) q is the law the tokens were drawn from -------------------------------------------------------------------
@@ -293,6 +314,10 @@ def test_config_options_and_errors(llama):
         make("dspark", llama, markov_head_type="lstm")
     with pytest.raises(ValueError, match="last target layer"):
         make("dflash", llama, taps=(1, 5))
+    rnn = make("dspark", llama, markov_head_type="rnn", markov_rank=8)
+    rnn.model.loss(synthetic_batch(llama, rnn.feature_layers, rows=2, length=16), torch.Generator(), 4, 4.0).loss.backward()
+    assert rnn.model.markov_head.joint_proj.weight.grad is not None
+    assert rnn.propose(start_slot(rnn, llama, [5, 6, 7, 8])).tokens.shape == (1, 7)
     model = make("dspark", llama, mask_token_id=7).model
     assert not hasattr(model, "mask_embedding")
     emb = llama.model.get_input_embeddings().weight

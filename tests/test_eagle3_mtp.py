@@ -16,7 +16,6 @@ from dspark_bench.drafters.checkpoint import CheckpointError
 from dspark_bench.drafters.eagle3 import (
     ChainState,
     Eagle3Drafter,
-    Eagle3Model,
     masked_mean,
     shift_left,
     soft_cross_entropy,
@@ -24,7 +23,7 @@ from dspark_bench.drafters.eagle3 import (
     tv_acceptance,
 )
 from dspark_bench.drafters.layers import DecoderLayer, LayerSpec, attention_mask, stack_left
-from dspark_bench.drafters.mtp import MTPDrafter, MTPModel
+from dspark_bench.drafters.mtp import MTPDrafter
 from dspark_bench.drafters.registry import DrafterError
 from dspark_bench.engine import Engine, EngineConfig, Request
 from dspark_bench.train.types import TrainBatch
@@ -126,15 +125,16 @@ def test_eagle3_loss_composition(targets):
     target = targets["qwen3"]
     model = make("eagle3", target).model
     batch = train_batch(target, model.taps)
-    out = model.loss(batch, torch.Generator(), ttt_length=3)
     b, n = batch.input_ids.shape
-    pi = torch.softmax(target.lm_head(batch.final), -1)
     want = 0.0
-    for k, h in enumerate(model.ttt_hiddens(batch, 3)):
-        logq = torch.log_softmax(target.lm_head(model.norm(h)), -1)
-        ce = -(pi[:, 1 + k : n] * logq[:, : n - 1 - k]).sum(-1)  # pi_{t+1+k} vs prediction at t
-        valid = batch.loss_mask[:, 2 + k :].float()
-        want += 0.8**k * (ce[:, : n - 2 - k] * valid).sum() / (b * n)
+    with torch.no_grad():
+        out = model.loss(batch, torch.Generator(), ttt_length=3)
+        pi = torch.softmax(target.lm_head(batch.final), -1)
+        for k, h in enumerate(model.ttt_hiddens(batch, 3)):
+            logq = torch.log_softmax(target.lm_head(model.norm(h)), -1)
+            ce = -(pi[:, 1 + k : n] * logq[:, : n - 1 - k]).sum(-1)  # pi_{t+1+k} vs the prediction at t
+            valid = batch.loss_mask[:, 2 + k :].float()
+            want += 0.8**k * (ce[:, : n - 2 - k] * valid).sum() / (b * n)
     assert out.loss.item() == pytest.approx(float(want), rel=1e-5)
     assert out.acceptance.shape == (3,) and set(out.terms) == {"ce0", "ce1", "ce2", "loss"}
 
@@ -164,12 +164,13 @@ def test_mtp_loss_by_hand(targets, soft):
     target = targets["llama"]
     model = make("mtp", target).model
     batch = train_batch(target, (0,))
-    out = model.loss(batch, torch.Generator(), soft=soft)
     n = batch.input_ids.shape[1]
-    h, _ = model(batch.final, shift_left(batch.input_ids, 1), torch.arange(n).expand(len(batch.final), n), None,
-                 ttt_mask(batch.attention, 0))
-    logq = torch.log_softmax(target.lm_head(model.norm(h)), -1)[:, : n - 2]  # predicts y_{t+2}
-    pi = torch.softmax(target.lm_head(batch.final), -1)[:, 1 : n - 1]
+    with torch.no_grad():
+        out = model.loss(batch, torch.Generator(), soft=soft)
+        h, _ = model(batch.final, shift_left(batch.input_ids, 1), torch.arange(n).expand(len(batch.final), n), None,
+                     ttt_mask(batch.attention, 0))
+        logq = torch.log_softmax(target.lm_head(model.norm(h)), -1)[:, : n - 2]  # predicts y_{t+2}
+        pi = torch.softmax(target.lm_head(batch.final), -1)[:, 1 : n - 1]
     if soft:
         ce = -(pi * logq).sum(-1)
     else:
@@ -180,25 +181,27 @@ def test_mtp_loss_by_hand(targets, soft):
     assert out.acceptance.item() == pytest.approx(float(accept[valid].mean()), rel=1e-5)
 
 
-@pytest.mark.parametrize("name", ["eagle3", "mtp"])
-def test_training_lowers_loss_and_raises_acceptance(targets, name):
+@pytest.mark.parametrize("name,options", [("eagle3", {"ttt_length": 3}), ("mtp", {"soft": True}), ("mtp", {})])
+def test_training_lowers_loss_and_raises_acceptance(targets, name, options):
+    """30 Adam steps on 3 batches of random sequences. The soft losses have a floor at the target's entropy
+    (~4.0 nats here, from ~5.0 at init). Hard-label MTP on random (not target-sampled) tokens memorises them,
+    so only its loss is checked: its acceptance against pi is expected to fall."""
     target = targets["qwen3"]
     model = make(name, target).model.train()
     batches = [train_batch(target, model.taps if name == "eagle3" else (0,), seed=s) for s in range(3)]
-    options = {"ttt_length": 3} if name == "eagle3" else {}
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        before = [model.loss(b, gen, **options) for b in batches]
+        before = [model.loss(b, None, **options) for b in batches]
     for step in range(30):
-        out = model.loss(batches[step % 3], gen, **options)
+        out = model.loss(batches[step % 3], None, **options)
         opt.zero_grad()
         out.loss.backward()
         opt.step()
     with torch.no_grad():
-        after = [model.loss(b, gen, **options) for b in batches]
-    assert sum(a.loss.item() for a in after) < 0.8 * sum(b.loss.item() for b in before)
-    assert sum(a.acceptance.mean().item() for a in after) > sum(b.acceptance.mean().item() for b in before) + 0.05
+        after = [model.loss(b, None, **options) for b in batches]
+    assert sum(a.loss.item() for a in after) < 0.9 * sum(b.loss.item() for b in before)
+    gain = sum(a.acceptance.mean().item() - b.acceptance.mean().item() for a, b in zip(after, before, strict=True))
+    assert gain / 3 > 0.1 or options == {}
     assert all(p.grad is None for p in target.model.parameters())
 
 
@@ -350,7 +353,7 @@ def test_save_load_bit_exact_and_target_checked(targets, name, tmp_path):
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert not any("embed" in k or "lm_head" in k for k in mine)
     with pytest.raises(CheckpointError, match="trained for target"):
-        make(name, targets["llama"], checkpoint=str(tmp_path / "ck"))
+        make(name, tiny_target("qwen3", seed=1), checkpoint=str(tmp_path / "ck"))
     other = "mtp" if name == "eagle3" else "eagle3"
     with pytest.raises(CheckpointError, match="not"):
         make(other, target, checkpoint=str(tmp_path / "ck"))
@@ -388,7 +391,7 @@ def write_deepseek_eagle3(folder, target, **overrides):
     """A tiny checkpoint in DeepSeek's exact format (names and shapes written out from the format doc)."""
     from safetensors.torch import save_file
 
-    d, v, i, h, kv, hd = 64, target.vocab_size, 128, 4, 2, 16
+    d, i, h, kv, hd = 64, 128, 4, 2, 16
     shapes = {
         "fc.weight": (d, 5 * d), "norm.weight": (d,),
         "layers.0.self_attn.q_proj.weight": (h * hd, 2 * d), "layers.0.self_attn.k_proj.weight": (kv * hd, 2 * d),
@@ -426,7 +429,8 @@ def reference_eagle3_first_hidden(t, target, taps_features, tokens):
     p = "layers.0."
     n = tokens.shape[0]
     g = taps_features.flatten(-2) @ w["fc.weight"].T  # [n, d]
-    u = torch.cat([rms(w["embed_tokens.weight"][tokens], w[p + "input_layernorm.weight"]),
+    emb = target.model.get_input_embeddings().weight[tokens]  # the draft's copy is bf16; the fp32 target's is used
+    u = torch.cat([rms(emb, w[p + "input_layernorm.weight"]),
                    rms(g, w[p + "hidden_norm.weight"])], -1)
     q = rms((u @ w[p + "self_attn.q_proj.weight"].T).view(n, 4, 16), w[p + "self_attn.q_norm.weight"]).transpose(0, 1)
     k = rms((u @ w[p + "self_attn.k_proj.weight"].T).view(n, 2, 16), w[p + "self_attn.k_norm.weight"]).transpose(0, 1)

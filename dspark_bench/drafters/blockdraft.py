@@ -21,8 +21,9 @@ one would make a mask slot look exactly like that token. With ``mask_token_id = 
 therefore owns a learned ``mask_embedding`` vector [d] (d parameters, saved in its checkpoint); an integer
 ``mask_token_id`` selects a frozen target row instead, which is what DeepSeek's checkpoints use.
 
-Default taps: ``min(5, L_T - 2)`` layers evenly spaced over ``1..L_T-2`` (DeepSeek's Qwen3 configs tap layer 1
-and 4 more up to near the top); the last layer is never tapped (its HF hidden state is post-norm).
+Default taps: ``min(5, L_T - 2)`` layers evenly spaced over ``1..L_T-2``, e.g. (1, 8, 15, 21, 28) for SmolLM2's
+30 layers and (1, 2, 3, 4) for a 6-layer test target (DeepSeek's configs use [1, 9, 17, 25, 33] for 36 layers;
+their checkpoints carry their own taps). The last layer is never tapped: its HF hidden state is post-norm.
 """
 
 from __future__ import annotations
@@ -78,10 +79,12 @@ class Arch:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Arch:
-        names = {f.name for f in dataclasses.fields(Arch)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ArchError(f"unknown architecture keys {unknown}; known: {sorted(names)}")
+        fields = dataclasses.fields(Arch)
+        names = {f.name for f in fields}
+        required = {f.name for f in fields if f.default is dataclasses.MISSING}
+        unknown, missing = sorted(set(d) - names), sorted(required - set(d))
+        if unknown or missing:
+            raise ArchError(f"architecture config has unknown keys {unknown} / lacks keys {missing}")
         return Arch(**{**d, "taps": tuple(d["taps"])})
 
     def check(self, target: Target) -> None:
@@ -227,6 +230,8 @@ class BlockDraftModel(nn.Module):
     def __init__(self, arch: Arch, target: Target):
         super().__init__()
         arch.check(target)
+        if str(getattr(target.config, "model_type", "")).startswith("gemma"):
+            raise ArchError("Gemma targets are not supported by the block drafters yet (Llama/Qwen-style only)")
         rotary = getattr(target.model.model, "rotary_emb", None)
         if rotary is None or rotary.inv_freq.numel() * 2 != arch.head_dim:
             raise ArchError(f"the draft's head_dim {arch.head_dim} must match the target's rotary tables")
@@ -249,7 +254,10 @@ class BlockDraftModel(nn.Module):
         if state is None:
             model.reset_parameters(seed)
         else:
-            missing, unexpected = model.load_state_dict(state, strict=False)
+            try:
+                missing, unexpected = model.load_state_dict(state, strict=False)
+            except RuntimeError as exc:  # shape mismatches
+                raise ArchError(f"checkpoint weights do not fit the architecture: {exc}") from None
             if missing or unexpected:
                 raise ArchError(f"checkpoint weights do not fit the architecture: missing {sorted(missing)}, "
                                 f"unexpected {sorted(unexpected)}")

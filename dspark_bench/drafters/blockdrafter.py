@@ -41,6 +41,7 @@ from dspark_bench.drafters.registry import DrafterError
 
 if TYPE_CHECKING:
     from dspark_bench.target import Features, Target
+    from dspark_bench.verify import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class BlockDrafter(Drafter):
             if s.new_features is not None:
                 s.state.pending.append(s.new_features)
 
-    def commit(self, ctx: DraftContext, slots: Sequence[Slot], verdicts) -> None:
+    def commit(self, ctx: DraftContext, slots: Sequence[Slot], verdicts: Sequence[Verdict]) -> None:
         for s in slots:
             if s.new_features is not None:
                 s.state.pending.append(s.new_features)
@@ -188,9 +189,11 @@ class BlockDrafter(Drafter):
         for r, c in enumerate(caches):
             keys[:, r, :, : c.length] = c.keys[:, :, : c.length]
             values[:, r, :, : c.length] = c.values[:, :, : c.length]
+        kv = [(keys[i], values[i]) for i in range(len(keys))]
+        if all(c.length == width for c in caches):
+            return kv, None
         lengths = torch.tensor([c.length for c in caches], device=keys.device)
-        valid = torch.arange(width, device=keys.device) < lengths.unsqueeze(1)
-        return [(keys[i], values[i]) for i in range(len(keys))], None if bool(valid.all()) else valid
+        return kv, torch.arange(width, device=keys.device) < lengths.unsqueeze(1)
 
     def save(self, folder: str | Path) -> Path:
         """Write the trained weights (no frozen target copies) and the target fingerprint to ``folder``."""

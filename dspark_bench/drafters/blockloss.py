@@ -72,6 +72,8 @@ def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: tor
 
 def position_weights(validity: torch.Tensor, decay_gamma: float) -> torch.Tensor:
     """w_k = v_k exp(-(k-1)/gamma_w) for validity [..., G]; float32 [..., G]."""
+    if not (decay_gamma > 0 and math.isfinite(decay_gamma)):
+        raise ValueError(f"decay_gamma must be a positive number, got {decay_gamma}")
     k = torch.arange(validity.shape[-1], device=validity.device, dtype=torch.float32)
     return validity.float() * torch.exp(-k / decay_gamma)
 
@@ -103,8 +105,3 @@ def acceptance_by_position(alpha: torch.Tensor, validity: torch.Tensor) -> torch
     v = validity.float().flatten(0, -2)
     a = torch.where(validity, alpha, torch.zeros_like(alpha)).flatten(0, -2)
     return (a * v).sum(0) / v.sum(0).clamp_min(1.0)
-
-
-def decay_check(decay_gamma: float) -> None:
-    if not (decay_gamma > 0 and math.isfinite(decay_gamma)):
-        raise ValueError(f"decay_gamma must be a positive number, got {decay_gamma}")

@@ -39,7 +39,7 @@ class DFlashModel(BlockDraftModel):
         loss = weighted_mean(cross_entropy(logits, t.labels), position_weights(t.validity, decay_gamma))
         with torch.no_grad():
             alpha = analytic_acceptance(tv_l1(torch.softmax(logits, dim=-1), view.pi))
-        return LossOutput(loss, {"loss": float(loss), "ce": float(loss)}, acceptance_by_position(alpha, t.validity))
+        return LossOutput(loss, {"loss": float(loss.detach()), "ce": float(loss.detach())}, acceptance_by_position(alpha, t.validity))
 
 
 @register("dflash")

@@ -153,7 +153,7 @@ class DSparkModel(BlockDraftModel):
         terms = dspark_loss_terms(logits, t.labels, view.pi, self.confidence_logit(view.h, t.prev), weights)
         alpha = terms.pop("alpha")
         loss = dspark_total(terms)
-        logged = {"loss": float(loss), **{k: float(v) for k, v in terms.items()}}
+        logged = {"loss": float(loss.detach()), **{k: float(v.detach()) for k, v in terms.items()}}
         return LossOutput(loss, logged, acceptance_by_position(alpha, t.validity))
 
 

@@ -37,6 +37,7 @@ from dspark_bench.drafters.layers import (
     KV,
     DecoderLayer,
     LayerSpec,
+    Linear,
     RMSNorm,
     attention_mask,
     init_weights,
@@ -150,7 +151,7 @@ class Eagle3Model(ChainModel):
     def __init__(self, spec: LayerSpec, taps: tuple[int, ...], target: Target):
         super().__init__(spec, target)
         self.taps = tuple(taps)
-        self.fc = nn.Linear(len(self.taps) * spec.hidden_size, spec.hidden_size, bias=False)
+        self.fc = Linear(len(self.taps) * spec.hidden_size, spec.hidden_size, bias=False)
         self.layers = nn.ModuleList([DecoderLayer(spec, fused=True)])
 
     def arch(self) -> dict[str, Any]:

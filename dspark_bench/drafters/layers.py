@@ -80,6 +80,15 @@ def rope_theta(parameters: dict | None, theta: float | None) -> float:
     return float(theta)
 
 
+class Linear(nn.Linear):
+    """nn.Linear initialised to zeros instead of from the global RNG (see :func:`init_weights`)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -112,10 +121,10 @@ class Attention(nn.Module):
         super().__init__()
         self.spec = spec
         h, kv, hd, bias = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attention_bias
-        self.q_proj = nn.Linear(in_dim, h * hd, bias=bias)
-        self.k_proj = nn.Linear(in_dim, kv * hd, bias=bias)
-        self.v_proj = nn.Linear(in_dim, kv * hd, bias=bias)
-        self.o_proj = nn.Linear(h * hd, spec.hidden_size, bias=bias)
+        self.q_proj = Linear(in_dim, h * hd, bias=bias)
+        self.k_proj = Linear(in_dim, kv * hd, bias=bias)
+        self.v_proj = Linear(in_dim, kv * hd, bias=bias)
+        self.o_proj = Linear(h * hd, spec.hidden_size, bias=bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(hd, spec.rms_norm_eps)
             self.k_norm = RMSNorm(hd, spec.rms_norm_eps)
@@ -148,9 +157,9 @@ class MLP(nn.Module):
         if spec.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"hidden_act {spec.hidden_act!r} not supported; accepted: {', '.join(_ACTIVATIONS)}")
         self.act = _ACTIVATIONS[spec.hidden_act]
-        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+        self.gate_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., d]
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

@@ -37,7 +37,7 @@ from dspark_bench.drafters.eagle3 import (
     ttt_mask,
     tv_acceptance,
 )
-from dspark_bench.drafters.layers import KV, DecoderLayer, LayerSpec, RMSNorm
+from dspark_bench.drafters.layers import KV, DecoderLayer, LayerSpec, Linear, RMSNorm
 from dspark_bench.drafters.registry import DrafterError, register
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class MTPModel(ChainModel):
         d = spec.hidden_size
         self.enorm = RMSNorm(d, spec.rms_norm_eps)
         self.hnorm = RMSNorm(d, spec.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        self.eh_proj = Linear(2 * d, d, bias=False)
         self.layers = nn.ModuleList([DecoderLayer(spec)])
 
     def context(self, layers: torch.Tensor, final: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,10 @@
 """``dspark-bench lm-eval``: lm-eval's ``simple_evaluate`` over the ``dspark`` model and our offline tasks.
 
 It calls ``lm_eval.simple_evaluate`` directly (not lm-eval's own CLI), so our task folder is always included,
-the model instance stays in hand (its acceptance records are closed and located after the run), and only the
-options below exist. Attach it to the main group with ``main.add_command(lm_eval_command)``.
+the model instance stays in hand, and only the options below exist. With ``--output-path OUT`` one folder
+``OUT/dspark-<time>/`` holds lm-eval's ``results_<date>.json`` (+ ``samples_<task>_<date>.jsonl`` with
+``--log-samples``) next to our ``manifest.json``, ``records.jsonl`` and ``summary.json`` for the same
+generations. Attach it to the main group with ``main.add_command(lm_eval_command)``.
 """
 
 from __future__ import annotations
@@ -23,11 +25,10 @@ def _limit(value: str | None) -> int | float | None:
     return int(number) if number >= 1 else number
 
 
-def _model_args(text: str, output_path: str | None) -> str:
-    """Add ``records_dir`` under ``--output-path`` unless the user chose one."""
-    if output_path is None or "records_dir=" in text:
+def _model_args(text: str, folder: Path | None) -> str:
+    """Put the acceptance records into the run folder unless the user chose a ``records_dir``."""
+    if folder is None or "records_dir=" in text:
         return text
-    folder = Path(output_path) / f"dspark-records-{time.strftime('%Y%m%d-%H%M%S')}"
     return ",".join(p for p in (text, f"records_dir={folder}") if p)
 
 
@@ -56,9 +57,11 @@ def lm_eval_command(tasks, model_args, batch_size, limit, output_path, include_p
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if log_samples and output_path is None:
         raise click.BadParameter("--log-samples needs --output-path")
-    args = _model_args(model_args, output_path)
+    folder = Path(output_path) / f"dspark-{time.strftime('%Y%m%d-%H%M%S')}" if output_path else None
+    args = _model_args(model_args, folder)
     lm = DSparkLM.create_from_arg_string(args, {"batch_size": batch_size})
-    tracker = EvaluationTracker(output_path=output_path) if output_path else None
+    # a ".json" output path makes lm-eval write results_<date>.json and samples_*.jsonl straight into `folder`
+    tracker = EvaluationTracker(output_path=str(folder / "results.json")) if folder else None
     try:
         results = lm_eval.simple_evaluate(
             model=lm, model_args=args, tasks=names, limit=_limit(limit), task_manager=task_manager(names, include_path),

@@ -20,7 +20,8 @@ by their effective (temperature, max_gen_toks); each group is one engine run in 
 * **Records.** Every generation becomes a :class:`~dspark_bench.results.RequestRecord` (dataset = task name),
   kept in :attr:`DSparkLM.records` and, with ``records_dir``, appended to ``records.jsonl`` next to a
   ``manifest.json``; ``summary.json`` (:func:`dspark_bench.metrics.summarize`) is rewritten after every batch
-  of requests. lm-eval's results get a compact per-task acceptance summary under ``config.dspark``.
+  of requests. lm-eval's results get a compact per-task acceptance summary under ``config.dspark``. With
+  lm-eval's ``use_cache``, generations served from its cache are not decoded again and have no record.
 
 ``loglikelihood`` / ``loglikelihood_rolling``: teacher-forced target forwards in batches of ``concurrency``
 (right-padded, sorted by length). The context is rendered like a generation prompt (unless ``render=false``)
@@ -95,7 +96,7 @@ def parse_model_args(args: Mapping[str, Any]) -> tuple[DSparkLMConfig, dict, dic
         if dot and head in ("drafter", "scheduler") and name:
             (drafter_opts if head == "drafter" else scheduler_opts)[name] = value
         elif key in fields:
-            plain[key] = None if value is None else _cast(key, value, str(fields[key].type))
+            plain[key] = _cast(key, value, str(fields[key].type))
         elif key not in ("batch_size", "max_batch_size"):
             raise ValueError(f"dspark model has no argument {key!r}; accepted: {', '.join(fields)}, "
                              "drafter.OPTION, scheduler.OPTION, batch_size")
@@ -105,6 +106,12 @@ def parse_model_args(args: Mapping[str, Any]) -> tuple[DSparkLMConfig, dict, dic
 
 
 def _cast(key: str, value: Any, kind: str) -> Any:
+    if value is None:  # lm-eval parses the text "none" (e.g. drafter=none) as None
+        if "None" in kind:
+            return None
+        if kind.startswith("str"):
+            return "none"
+        raise ValueError(f"dspark model argument {key} needs a {kind}, got None")
     try:
         if kind.startswith("bool"):
             if isinstance(value, str) and value.lower() not in ("true", "false", "1", "0"):
@@ -181,7 +188,10 @@ class DSparkLM(LM):
             for i, result in self._run_group([gens[i] for i in members], members, temperature, max_tokens):
                 texts[i] = self._finish(gens[i], result)
         self._write_summary()
-        return [t if t is not None else "" for t in texts]
+        out = [t if t is not None else "" for t in texts]
+        for req, text in zip(requests, out, strict=True):
+            self.cache_hook.add_partial("generate_until", req.args, text)  # lm-eval's --use_cache (no-op otherwise)
+        return out
 
     def _parse(self, requests) -> list[_Gen]:
         seen: dict[tuple[str, int], int] = {}
@@ -273,7 +283,10 @@ class DSparkLM(LM):
         return head, whole[len(head) :]
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        return self.score([self._encode_pair(*req.args) for req in requests])
+        out = self.score([self._encode_pair(*req.args) for req in requests])
+        for req, value in zip(requests, out, strict=True):
+            self.cache_hook.add_partial("loglikelihood", req.args, value)
+        return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window

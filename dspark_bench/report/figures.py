@@ -12,20 +12,24 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
-from dspark_bench.report.inputs import Calibration, LoadSweep, Profile, Sweep
+from dspark_bench.report.inputs import Calibration, CellRow, Profile
 from dspark_bench.report.load import Entry, Inputs
-from dspark_bench.report.style import DASHES, domain_sort_key, drafter_colour, style_figure
+from dspark_bench.report.style import DASHES, PATTERNS, domain_sort_key, drafter_colour, style_figure
 
 
-def _styles(inputs: Inputs, entries: Sequence[Entry], omit: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
-    """label -> (colour, dash): the drafter's colour, one dash per variant of the same drafter."""
-    out: dict[str, tuple[str, str]] = {}
+def _styles(inputs: Inputs, entries: Sequence[Entry], omit: Sequence[str] = ()) -> dict[str, tuple[str, str, str]]:
+    """label -> (colour, dash, bar pattern): the drafter's colour; variants of one drafter differ by dash/pattern."""
+    out: dict[str, tuple[str, str, str]] = {}
     seen: dict[str, int] = {}
     for label in inputs.labels(entries, omit):
         drafter = next(e.drafter for e in entries if inputs.label(e, omit) == label)
         n = seen[drafter] = seen.get(drafter, -1) + 1
-        out[label] = (drafter_colour(drafter), DASHES[n % len(DASHES)])
+        out[label] = (drafter_colour(drafter), DASHES[n % len(DASHES)], PATTERNS[n % len(PATTERNS)])
     return out
+
+
+def _bar_marker(style: tuple[str, str, str]) -> dict:
+    return {"color": style[0], "pattern": {"shape": style[2], "fgcolor": "white", "solidity": 0.3}}
 
 
 def _shades(n: int) -> list[str]:
@@ -44,16 +48,17 @@ def positions_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
     styles, shown = _styles(inputs, entries), set()
     for col, dom in enumerate(domains, 1):
         for e in (x for x in entries if x.name == dom):
-            cond = e.metrics["positions"]["conditional"]
+            cond, examined = e.metrics["positions"]["conditional"], e.metrics["positions"].get("examined")
             label = inputs.label(e)
-            colour, dash = styles[label]
+            colour, dash, _ = styles[label]
             fig.add_trace(go.Scatter(
                 x=list(range(1, len(cond) + 1)), y=cond, name=label, legendgroup=label, showlegend=label not in shown,
-                mode="lines+markers", line={"color": colour, "dash": dash}, marker={"size": 7},
-                hovertemplate=f"{label}<br>k=%{{x}}: %{{y:.3f}}<extra>{dom}</extra>"), row=1, col=col)
+                mode="lines+markers", line={"color": colour, "dash": dash}, marker={"size": 7}, customdata=examined,
+                hovertemplate=f"{label}<br>k=%{{x}}: %{{y:.3f}} of %{{customdata}} tested<extra>{dom}</extra>"),
+                row=1, col=col)
             shown.add(label)
         fig.update_xaxes(title_text="draft position k", dtick=1, row=1, col=col)
-    fig.update_yaxes(title_text="conditional acceptance", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(title_text="conditional acceptance", range=[-0.03, 1.03], row=1, col=1)
     return style_figure(fig, "Conditional acceptance per draft position (paper Figure 2)")
 
 
@@ -66,7 +71,7 @@ def histogram_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
         total = sum(counts) or 1
         label = inputs.label(e)
         fig.add_trace(go.Bar(x=list(range(len(counts))), y=[c / total for c in counts], name=label,
-                             marker={"color": styles[label][0]}, customdata=counts,
+                             marker=_bar_marker(styles[label]), customdata=counts,
                              hovertemplate=f"{label}<br>A=%{{x}}: %{{y:.1%}} (%{{customdata}} rounds)<extra></extra>"))
     fig.update_layout(barmode="group", bargap=0.25)
     fig.update_xaxes(title_text="accepted draft tokens per round, A", dtick=1)
@@ -87,7 +92,7 @@ def block_size_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
                 continue
             tau = [m.get("tau") for _, m in pts]
             ci = [m.get("tau_ci95") or (t, t) for (_, m), t in zip(pts, tau, strict=True)]
-            colour, dash = styles[label]
+            colour, dash, _ = styles[label]
             fig.add_trace(go.Scatter(
                 x=[b for b, _ in pts], y=tau, name=label, legendgroup=label, showlegend=label not in shown,
                 mode="lines+markers", line={"color": colour, "dash": dash},
@@ -95,61 +100,69 @@ def block_size_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
                          "arrayminus": [t - c[0] for c, t in zip(ci, tau, strict=True)], "thickness": 1}),
                 row=1, col=col)
             shown.add(label)
-        fig.update_xaxes(title_text="block size γ (draft tokens per round)", row=1, col=col)
+        fig.update_xaxes(title_text="block size γ (draft tokens per round)", tickvals=sorted({e.block_size for e in entries}),
+                         row=1, col=col)
     fig.update_yaxes(title_text="τ (tokens per round)", row=1, col=1)
     return style_figure(fig, "τ against block size (paper Figure 4)")
 
 
-def sweep_figure(sweeps: Sequence[Sweep]) -> go.Figure:
-    """Paper Figure 5: tokens per step and acceptance rate against the static threshold θ, per domain."""
-    domains = sorted({p.domain for s in sweeps for p in s.points}, key=domain_sort_key)
+def _line(fig: go.Figure, x, y, name: str, style: dict, row: int, col: int, shown: set, **extra) -> None:
+    """One line+markers trace; the legend lists each name once."""
+    options = {"legendgroup": name, "mode": "lines+markers", **style, **extra}
+    fig.add_trace(go.Scatter(x=x, y=y, name=name, showlegend=name not in shown, **options), row=row, col=col)
+    shown.add(name)
+
+
+def sweep_figure(rows: Sequence[CellRow]) -> go.Figure:
+    """Paper Figure 5: tokens per step and acceptance rate against the static threshold θ (per domain if known)."""
+    domains = sorted({r.domain or "all prompts" for r in rows}, key=domain_sort_key)
     fig = make_subplots(rows=2, cols=len(domains), subplot_titles=domains, shared_xaxes=True, vertical_spacing=0.12)
-    shown = set()
+    several = len({r.concurrency for r in rows}) > 1
+    shown: set = set()
     for col, dom in enumerate(domains, 1):
-        for s in sweeps:
-            pts = sorted((p for p in s.points if p.domain == dom), key=lambda p: p.theta)
-            theta, colour = [p.theta for p in pts], drafter_colour(s.drafter)
-            for row, name, ys, dash in ((1, "accepted", [p.accepted_per_step for p in pts], "solid"),
-                                        (1, "rejected", [p.rejected_per_step for p in pts], "dot"),
-                                        (2, "acceptance rate", [p.acceptance_rate for p in pts], "solid")):
-                key = f"{s.drafter} {name}"
-                fig.add_trace(go.Scatter(x=theta, y=ys, name=key, legendgroup=key, showlegend=key not in shown,
-                                         mode="lines+markers", line={"color": colour, "dash": dash}), row=row, col=col)
-                shown.add(key)
+        for drafter, conc in dict.fromkeys((r.drafter, r.concurrency) for r in rows):
+            pts = sorted((r for r in rows if (r.domain or "all prompts") == dom and (r.drafter, r.concurrency)
+                          == (drafter, conc)), key=lambda r: r.theta)
+            series = drafter + (f" · c={conc}" if several else "")
+            theta, colour = [r.theta for r in pts], drafter_colour(drafter)
+            for row, what, key, dash in ((1, "accepted", "accepted_per_step", "solid"),
+                                         (1, "rejected", "rejected_per_step", "dot"),
+                                         (2, "accepted / verified", "verified_acceptance_rate", "solid")):
+                _line(fig, theta, [r.numbers.get(key) for r in pts], f"{series} {what}",
+                      {"line": {"color": colour, "dash": dash}}, row, col, shown)
         fig.update_xaxes(title_text="threshold θ", row=2, col=col)
-    fig.update_yaxes(title_text="tokens per step", row=1, col=1)
-    fig.update_yaxes(title_text="accepted / verified", tickformat=".0%", row=2, col=1)
+    fig.update_yaxes(title_text="tokens per step", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(tickformat=".0%", row=2)
+    fig.update_yaxes(title_text="accepted / verified", row=2, col=1)
     return style_figure(fig, "Static-threshold sweep (paper Figure 5)", height=560)
 
 
 def _stage_title(cal: Calibration, stage: str) -> str:
-    s = (cal.summary or {}).get(stage)
-    if s is None:
-        return stage
-    parts = [f"ECE {s.ece:.1%}" if s.ece is not None else "", f"AUROC {s.auroc:.3f}" if s.auroc is not None else ""]
-    return f"{stage} ({', '.join(p for p in parts if p)})"
+    ece, auroc = cal.summary.get(f"ece_{stage}"), cal.summary.get(f"auroc_{stage}")
+    parts = ([f"ECE {ece:.1%}"] if ece is not None else []) + ([f"AUROC {auroc:.3f}"] if auroc is not None else [])
+    return f"{stage} ({', '.join(parts)})" if parts else stage
 
 
 def reliability_figure(cal: Calibration) -> go.Figure:
-    """Paper Figure 6: observed prefix acceptance against predicted cumulative confidence, before/after."""
-    stages = [st for st in ("before", "after") if any(c.stage == st for c in cal.reliability)]
+    """Paper Figure 6: observed prefix acceptance against predicted P(A ≥ k), before/after calibration."""
+    stages = ["before", *(["after"] if any(p.after for p in cal.positions) else [])]
     fig = make_subplots(rows=1, cols=len(stages), subplot_titles=[_stage_title(cal, st) for st in stages],
                         shared_yaxes=True)
-    ks = sorted({c.k for c in cal.reliability}, key=lambda k: -1 if k is None else k)
-    shades = dict(zip(ks, _shades(len(ks)), strict=True))
+    shades = _shades(len(cal.positions))
+    shown: set = set()
     for col, stage in enumerate(stages, 1):
-        fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line={"color": "#BBBBBB", "dash": "dash"},
-                                 name="perfect calibration", showlegend=col == 1, legendgroup="diag"), row=1, col=col)
-        for c in (c for c in cal.reliability if c.stage == stage):
-            name = "all positions" if c.k is None else f"k={c.k}"
-            fig.add_trace(go.Scatter(x=c.mean_pred, y=c.frac_pos, name=name, legendgroup=name, showlegend=col == 1,
-                                     mode="lines+markers", line={"color": shades[c.k]}, customdata=c.count,
-                                     hovertemplate="pred %{x:.2f} → obs %{y:.2f} (n=%{customdata})<extra></extra>"),
-                          row=1, col=col)
-        fig.update_xaxes(title_text="predicted P(A ≥ k)", range=[0, 1], row=1, col=col)
-    fig.update_yaxes(title_text="observed share with A ≥ k", range=[0, 1], row=1, col=1)
-    title = f"Reliability of {cal.drafter} confidences, {cal.method} (paper Figure 6)"
-    return style_figure(fig, title + (f": {cal.dataset}" if cal.dataset else ""))
+        _line(fig, [0, 1], [0, 1], "perfect calibration", {"line": {"color": "#BBBBBB", "dash": "dash"},
+                                                            "mode": "lines"}, 1, col, shown)
+        for p, colour in zip(cal.positions, shades, strict=True):
+            scores = p.before if stage == "before" else p.after
+            if scores is None or not scores.bins:
+                continue
+            pred, obs, count = zip(*scores.bins, strict=True)
+            _line(fig, pred, obs, f"k={p.k}", {"line": {"color": colour}}, 1, col, shown, customdata=count,
+                  hovertemplate="pred %{x:.2f} → obs %{y:.2f} (n=%{customdata})<extra></extra>")
+        fig.update_xaxes(title_text="predicted P(A ≥ k)", range=[-0.02, 1.02], row=1, col=col)
+    fig.update_yaxes(title_text="observed share with A ≥ k", range=[-0.02, 1.02], row=1, col=1)
+    return style_figure(fig, f"Reliability of {cal.drafter} confidences (paper Figure 6)")
 
 
 def profile_figure(profile: Profile) -> go.Figure:
@@ -160,38 +173,44 @@ def profile_figure(profile: Profile) -> go.Figure:
         fig.add_trace(go.Scatter(x=profile.batch_tokens, y=row, name=f"context {ctx}", mode="lines+markers",
                                  line={"color": colour}))
     wide = max(profile.batch_tokens) / max(min(profile.batch_tokens), 1) > 20
-    fig.update_xaxes(title_text="batch tokens B (tokens per target forward)", type="log" if wide else "linear")
+    fig.update_xaxes(title_text="batch tokens B (tokens per target forward)", type="log" if wide else "linear",
+                     tickvals=list(profile.batch_tokens))
     fig.update_yaxes(title_text="SPS (target steps/s)", rangemode="tozero")
-    where = ", ".join(x for x in (profile.target, profile.device, profile.dtype) if x)
-    return style_figure(fig, "Profiled step rate SPS(B)" + (f": {where}" if where else ""))
+    return style_figure(fig, "Profiled step rate SPS(B)" + (f": {profile.where}" if profile.where else ""))
 
 
-def load_figure(sweeps: Sequence[LoadSweep]) -> go.Figure:
-    """Paper Figures 7-8: throughput against per-user TPS, and verify budget against concurrency."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput vs per-user speed",
-                                                        "verify budget per request"))
-    unit = sweeps[0].throughput_unit
-    points = [p for s in sweeps for p in s.points]
-    for drafter in dict.fromkeys(p.drafter for p in points):
-        for source in ("measured", "simulated"):
-            pts = sorted((p for p in points if p.drafter == drafter and p.source == source), key=lambda p: p.concurrency)
-            if not pts:
-                continue
-            name, colour = f"{drafter} ({source})", drafter_colour(drafter)
-            line = {"color": colour, "dash": "solid" if source == "measured" else "dash"}
-            marker = {"size": 8, "symbol": "circle" if source == "measured" else "circle-open"}
-            conc = [p.concurrency for p in pts]
-            fig.add_trace(go.Scatter(x=[p.per_user_tps for p in pts], y=[p.throughput_tok_s for p in pts], name=name,
-                                     legendgroup=name, mode="lines+markers", line=line, marker=marker, customdata=conc,
-                                     hovertemplate="concurrency %{customdata}<extra></extra>"), row=1, col=1)
-            budget = [(c, p.verify_budget) for c, p in zip(conc, pts, strict=True) if p.verify_budget is not None]
-            fig.add_trace(go.Scatter(x=[c for c, _ in budget], y=[b for _, b in budget], name=name, legendgroup=name,
-                                     showlegend=False, mode="lines+markers", line=line, marker=marker), row=1, col=2)
-    fig.update_xaxes(title_text="per-user speed (tok/s per request)", row=1, col=1)
+def _load_styles(rows: Sequence[CellRow]) -> dict[tuple[str, str], str]:
+    """(drafter, label) -> dash: schedulers of one drafter differ by dash, the same in measured and simulated."""
+    out, seen = {}, {}
+    for drafter, label in dict.fromkeys((r.drafter, r.label) for r in rows):
+        n = seen[drafter] = seen.get(drafter, -1) + 1
+        out[(drafter, label)] = DASHES[n % len(DASHES)]
+    return out
+
+
+def load_figure(rows: Sequence[CellRow], unit: str = "tok/s") -> go.Figure:
+    """Paper Figures 7-8: throughput against per-request speed, and verify budget against concurrency.
+    Measured cells: filled circles; simulated cells: open diamonds, in their own legend group."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput vs per-request speed", "verify budget per request"))
+    dashes, shown = _load_styles(rows), set()
+    for drafter, label, sim in dict.fromkeys((r.drafter, r.label, r.simulated) for r in rows):
+        pts = sorted((r for r in rows if (r.drafter, r.label, r.simulated) == (drafter, label, sim)),
+                     key=lambda r: r.concurrency)
+        kind = "simulated" if sim else "measured"
+        style = {"line": {"color": drafter_colour(drafter), "dash": dashes[(drafter, label)], "width": 1.5 if sim else 2},
+                 "marker": {"size": 8, "symbol": "diamond-open" if sim else "circle"}, "legendgroup": kind,
+                 "legendgrouptitle_text": kind}
+        name, conc = f"{drafter} · {label} ({kind})", [r.concurrency for r in pts]
+        _line(fig, [r.numbers.get("per_request_tps") for r in pts], [r.numbers.get("aggregate_tokens_per_s") for r in pts],
+              name, style, 1, 1, shown, customdata=conc, hovertemplate="concurrency %{customdata}<extra></extra>")
+        _line(fig, conc, [r.numbers.get("mean_verify_budget") for r in pts], name, style, 1, 2, shown)
+    fig.update_xaxes(title_text="per-request speed (tok/s per request)", row=1, col=1)
     fig.update_yaxes(title_text=f"aggregate throughput ({unit})", rangemode="tozero", row=1, col=1)
-    fig.update_xaxes(title_text="concurrent requests", row=1, col=2)
+    fig.update_xaxes(title_text="concurrent requests", type="log", tickvals=sorted({r.concurrency for r in rows}),
+                     row=1, col=2)
+    fig.update_layout(legend={"groupclick": "toggleitem"})
     fig.update_yaxes(title_text="tokens verified per request per step", rangemode="tozero", row=1, col=2)
-    return style_figure(fig, "Throughput and verify budget under load (paper Figures 7–8)")
+    return style_figure(fig, "Throughput and verify budget under load (paper Figures 7–8)", height=460)
 
 
 def speed_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
@@ -202,7 +221,7 @@ def speed_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
     for label in inputs.labels(entries):
         by_dom = {e.name: e.metrics.get("speedup_vs_none") for e in entries if inputs.label(e) == label}
         fig.add_trace(go.Bar(x=domains, y=[by_dom.get(d) for d in domains], name=label,
-                             marker={"color": styles[label][0]},
+                             marker=_bar_marker(styles[label]),
                              hovertemplate=f"{label}<br>%{{x}}: %{{y:.2f}}×<extra></extra>"))
     fig.add_hline(y=1.0, line={"color": "#555555", "width": 1, "dash": "dot"})
     fig.update_layout(barmode="group", bargap=0.3)

@@ -1,42 +1,40 @@
-"""Optional result files beside the runs, parsed into frozen dataclasses (unknown or missing keys are errors).
+"""Result files beside the runs, parsed into frozen dataclasses (unknown or missing keys are errors).
 
-Each is found by its file name, inside a run folder, in a folder of its own, or named directly. Numbers are
-read as recorded: the report never derives a rate from them.
+Each is found by its file name, inside a run folder, in a folder of its own, or named directly. The schemas are
+those of the tools that write them; numbers are shown as recorded, never re-derived. Non-finite numbers may be
+written as NaN or as the strings "nan"/"inf"; they are shown as missing.
 
-``profile.json``: the engine's profiled step rate, one row per context length::
+``profile.json`` (``dspark-bench profile``, :mod:`dspark_bench.profile`)::
 
-    {"context_lengths": [512, 2048], "batch_tokens": [1, 8, 64], "steps_per_s": [[40.1, 39.0, 30.2], [...]],
-     "target": "...", "device": "...", "dtype": "...", "note": "..."}          # the last four optional
+    {"target", "dtype", "device", "machine", "context_lengths": [...], "batch_tokens": [...],
+     "steps_per_s": [[...per batch_tokens...] per context length]}        # the first four optional here
 
-``sweep.json``: a static-threshold sweep (paper Figure 5); per step = per verification round::
+``sweep.json`` (``dspark-bench sweep``, :mod:`dspark_bench.sweep`): measured cells::
 
-    {"drafter": "dspark", "points": [{"theta": 0.0, "domain": "math", "accepted_per_step": 5.4,
-     "rejected_per_step": 1.6, "acceptance_rate": 0.769}], "target": "...", "scheduler": "...", "note": "..."}
+    {"spec": {...}, "profile": "...", "comparisons": [...],                 # optional
+     "rows": [{"drafter", "scheduler", "label", "concurrency", "options": {"theta": 0.3, ...},
+               "aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget",
+               "waste", "tau", "acceptance_rate", "accepted_per_step", "rejected_per_step",
+               "verified_acceptance_rate", "n_requests", "n_errors", "folder", "domain"}]}
 
-  ``acceptance_rate`` = accepted / verified draft tokens (1 - waste in ``metrics.py``).
+  Required per row: drafter, scheduler, label, concurrency, aggregate_tokens_per_s, per_request_tps,
+  mean_verify_budget. Rows of scheduler ``threshold`` with ``options.theta`` make the threshold sweep
+  (paper Figure 5); an optional ``domain`` splits it by domain (otherwise all prompts are pooled).
 
-``calibration.json``: confidence calibration before/after (paper Figure 6); ``after`` may be null::
+``simulate.json`` (``dspark-bench simulate``, :mod:`dspark_bench.simulate`): SIMULATED cells, same row fields
+(``drafter`` and ``label`` optional), plus optional top-level ``simulated``, ``note``, ``profile``,
+``machine``, ``layout``, ``overhead``, ``traces``, ``validation``.
 
-    {"drafter": "dspark", "method": "sts",
-     "positions": [{"k": 1, "before": {"ece": 0.057, "auroc": 0.818, "brier": 0.12}, "after": {...}}],
-     "reliability": [{"stage": "before", "k": 1, "mean_pred": [...], "frac_pos": [...], "count": [...]}],
-     "summary": {"before": {"ece": .., "auroc": .., "brier": ..}, "after": {...}},      # optional
-     "target": "...", "dataset": "...", "note": "..."}                                # optional
+``calibration.json`` (``dspark-bench calibrate``, :mod:`dspark_bench.calibration`)::
 
-  ``k`` null in a reliability curve = pooled over positions; ``frac_pos`` = observed share of 1[A >= k].
+    {"source": {"drafter": ..., ...}, "summary": {"ece_before", "ece_after", "auroc_before", ...},
+     "positions": [{"k", "n", "temperature", "before": {"ece", "auroc", "brier", "bins": [[mean_pred,
+     mean_obs, count], ...]}, "after": {...}}]}                   # source, summary, n, temperature, after optional
 
-``concurrency.json`` (measured) and ``simulation.json`` (simulated), one schema (paper Figures 7-8)::
-
-    {"points": [{"drafter": "dspark", "source": "measured", "concurrency": 8, "throughput_tok_s": 310.0,
-     "per_user_tps": 38.7, "verify_budget": 4.2}], "target": "...", "throughput_unit": "tok/s", "note": "..."}
-
-  ``source`` is "measured" or "simulated"; ``verify_budget`` = tokens verified per request per step
-  (including the current token), or null.
-
-``lossless.json``: the lossless battery, a list of rows or ``{"rows": [...], "alpha": 0.01, "note": "..."}``::
-
-    {"test": "chi2 first token", "configuration": "dspark T=1", "n": 20000, "statistic": 12.3,
-     "p_value": 0.42, "verdict": "pass", "is_control": false}
+``lossless.json`` (the lossless battery): ``{"rows": [...]}`` or the battery's full report
+``{"mode", "target", "dtype", "seed", "alpha", "seconds", "ok", "results": [...]}``; a row has ``test``,
+``configuration``, ``n``, ``statistic``, ``verdict``, ``is_control`` and optionally ``p_value``, ``bound``,
+``expected``, ``adjusted_p``, ``df``, ``power_n``, ``detail``.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-KINDS = ("profile", "sweep", "calibration", "concurrency", "simulation", "lossless")
+KINDS = ("profile", "sweep", "simulate", "calibration", "lossless")
 
 
 class ReportError(ValueError):
@@ -65,26 +63,23 @@ def _obj(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, 
     return data
 
 
-def _num(value: Any, where: str, nullable: bool = False) -> float | None:
-    if value is None and nullable:
+def _num(value: Any, where: str) -> float | None:
+    """A number; null, NaN, infinities and the strings "nan"/"inf" are None (shown as missing)."""
+    if value is None or (isinstance(value, str) and value.strip("+-").lower() in ("nan", "inf", "infinity")):
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ReportError(f"{where}: expected a finite number{' or null' if nullable else ''}, got {value!r:.40}")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ReportError(f"{where}: expected a number, got {value!r:.40}")
+    return float(value) if math.isfinite(value) else None
 
 
-def _int(value: Any, where: str, nullable: bool = False) -> int | None:
-    if value is None and nullable:
-        return None
+def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ReportError(f"{where}: expected an integer{' or null' if nullable else ''}, got {value!r:.40}")
+        raise ReportError(f"{where}: expected an integer, got {value!r:.40}")
     return value
 
 
-def _str(value: Any, where: str, nullable: bool = False) -> str | None:
-    if value is None and nullable:
-        return None
-    if not isinstance(value, str):
+def _str(value: Any, where: str) -> str | None:
+    if value is not None and not isinstance(value, str):
         raise ReportError(f"{where}: expected a string, got {value!r:.40}")
     return value
 
@@ -95,63 +90,80 @@ def _list(value: Any, where: str) -> list:
     return value
 
 
-def _nums(value: Any, where: str) -> tuple[float, ...]:
-    return tuple(_num(v, f"{where}[{i}]") for i, v in enumerate(_list(value, where)))
-
-
 @dataclass(frozen=True)
 class Profile:
     source: Path
     context_lengths: tuple[int, ...]
     batch_tokens: tuple[int, ...]
-    steps_per_s: tuple[tuple[float, ...], ...]  # [context length][batch tokens]
-    target: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-    note: str | None = None
+    steps_per_s: tuple[tuple[float | None, ...], ...]  # [context length][batch tokens]
+    where: str  # target, dtype, device, machine as recorded
 
 
 def parse_profile(data: Any, source: Path) -> Profile:
     w = str(source)
-    d = _obj(data, w, ("context_lengths", "batch_tokens", "steps_per_s"), ("target", "device", "dtype", "note"))
+    info = ("target", "dtype", "device", "machine", "note")
+    d = _obj(data, w, ("context_lengths", "batch_tokens", "steps_per_s"), info)
     ctx = tuple(_int(v, f"{w}: context_lengths") for v in _list(d["context_lengths"], w))
     batch = tuple(_int(v, f"{w}: batch_tokens") for v in _list(d["batch_tokens"], w))
-    sps = tuple(_nums(row, f"{w}: steps_per_s[{i}]") for i, row in enumerate(_list(d["steps_per_s"], w)))
+    sps = tuple(tuple(_num(v, f"{w}: steps_per_s") for v in _list(row, w)) for row in _list(d["steps_per_s"], w))
     if len(sps) != len(ctx) or any(len(row) != len(batch) for row in sps):
         raise ReportError(f"{w}: steps_per_s must have one row per context length ({len(ctx)}) "
                           f"of one value per batch_tokens entry ({len(batch)})")
-    return Profile(source, ctx, batch, sps, *(_str(d.get(k), w, True) for k in ("target", "device", "dtype", "note")))
+    return Profile(source, ctx, batch, sps, ", ".join(str(d[k]) for k in info if d.get(k) not in (None, "", "-")))
+
+
+ROW_REQUIRED = ("scheduler", "concurrency", "aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget")
+ROW_OPTIONAL = ("options", "waste", "tau", "acceptance_rate", "accepted_per_step", "rejected_per_step",
+                "verified_acceptance_rate", "n_requests", "n_errors", "folder", "domain", "simulated", "layout")
+_ROW_NUMBERS = ("aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget", "waste", "tau", "acceptance_rate",
+                "accepted_per_step", "rejected_per_step", "verified_acceptance_rate")
 
 
 @dataclass(frozen=True)
-class SweepPoint:
-    theta: float
-    domain: str
-    accepted_per_step: float
-    rejected_per_step: float
-    acceptance_rate: float
+class CellRow:
+    """One sweep or simulation cell: a drafter under a scheduler at a concurrency."""
 
-
-@dataclass(frozen=True)
-class Sweep:
-    source: Path
     drafter: str
-    points: tuple[SweepPoint, ...]
-    target: str | None = None
-    scheduler: str | None = None
+    label: str  # scheduler plus options, e.g. "threshold[theta=0.3]"
+    scheduler: str
+    concurrency: int
+    simulated: bool
+    theta: float | None
+    domain: str | None
+    numbers: Mapping[str, float | None]  # the _ROW_NUMBERS present, as recorded
+
+
+def _row(data: Any, where: str, simulated: bool) -> CellRow:
+    required = ROW_REQUIRED if simulated else ("drafter", "label", *ROW_REQUIRED)
+    d = _obj(data, where, required, ("drafter", "label", *ROW_OPTIONAL) if simulated else ROW_OPTIONAL)
+    options = d.get("options") or {}
+    if not isinstance(options, dict):
+        raise ReportError(f"{where}.options: expected an object, got {options!r:.40}")
+    theta = _num(options["theta"], f"{where}.options.theta") if "theta" in options else None
+    return CellRow(_str(d.get("drafter"), where) or "(unnamed)", _str(d.get("label"), where) or d["scheduler"],
+                   _str(d["scheduler"], where), _int(d["concurrency"], f"{where}.concurrency"), simulated, theta,
+                   _str(d.get("domain"), where), {k: _num(d[k], f"{where}.{k}") for k in _ROW_NUMBERS if k in d})
+
+
+@dataclass(frozen=True)
+class Cells:
+    source: Path
+    rows: tuple[CellRow, ...]
+    simulated: bool
     note: str | None = None
 
 
-def parse_sweep(data: Any, source: Path) -> Sweep:
-    w = str(source)
-    d = _obj(data, w, ("drafter", "points"), ("target", "scheduler", "note"))
-    keys = ("theta", "domain", "accepted_per_step", "rejected_per_step", "acceptance_rate")
-    points = []
-    for i, p in enumerate(_list(d["points"], w)):
-        p = _obj(p, f"{w}: points[{i}]", keys)
-        points.append(SweepPoint(_num(p["theta"], w), _str(p["domain"], w), *(_num(p[k], w) for k in keys[2:])))
-    return Sweep(source, _str(d["drafter"], w), tuple(points),
-                 *(_str(d.get(k), w, True) for k in ("target", "scheduler", "note")))
+def parse_sweep(data: Any, source: Path) -> Cells:
+    d = _obj(data, str(source), ("rows",), ("spec", "profile", "comparisons"))
+    rows = tuple(_row(r, f"{source}: rows[{i}]", False) for i, r in enumerate(_list(d["rows"], str(source))))
+    return Cells(source, rows, False)
+
+
+def parse_simulate(data: Any, source: Path) -> Cells:
+    extra = ("simulated", "note", "profile", "machine", "layout", "overhead", "traces", "validation")
+    d = _obj(data, str(source), ("rows",), extra)
+    rows = tuple(_row(r, f"{source}: rows[{i}]", True) for i, r in enumerate(_list(d["rows"], str(source))))
+    return Cells(source, rows, True, _str(d.get("note"), str(source)))
 
 
 @dataclass(frozen=True)
@@ -159,105 +171,56 @@ class Scores:
     ece: float | None
     auroc: float | None
     brier: float | None
+    bins: tuple[tuple[float, float, float], ...]  # (mean_pred, mean_obs, count) per non-empty bin
 
 
 @dataclass(frozen=True)
 class CalibrationPosition:
     k: int
+    n: int | None
+    temperature: float | None
     before: Scores
     after: Scores | None
-
-
-@dataclass(frozen=True)
-class ReliabilityCurve:
-    stage: str  # "before" | "after"
-    k: int | None  # None: pooled over positions
-    mean_pred: tuple[float, ...]
-    frac_pos: tuple[float, ...]
-    count: tuple[float, ...]
 
 
 @dataclass(frozen=True)
 class Calibration:
     source: Path
     drafter: str
-    method: str
     positions: tuple[CalibrationPosition, ...]
-    reliability: tuple[ReliabilityCurve, ...]
-    summary: Mapping[str, Scores] | None = None
-    target: str | None = None
-    dataset: str | None = None
-    note: str | None = None
+    summary: Mapping[str, float | None]  # e.g. ece_before, ece_after, auroc_before, ... as recorded
+    origin: Mapping[str, Any]  # the file's "source" block (what it was fitted on), shown as text
 
 
 def _scores(data: Any, where: str) -> Scores | None:
     if data is None:
         return None
-    d = _obj(data, where, (), ("ece", "auroc", "brier"))
-    return Scores(*(_num(d.get(k), f"{where}.{k}", True) for k in ("ece", "auroc", "brier")))
+    d = _obj(data, where, (), ("ece", "auroc", "brier", "bins"))
+    bins = []
+    for i, b in enumerate(_list(d.get("bins", []), f"{where}.bins")):
+        if not isinstance(b, list) or len(b) != 3:
+            raise ReportError(f"{where}.bins[{i}]: expected [mean_pred, mean_obs, count], got {b!r:.40}")
+        bins.append(tuple(_num(x, f"{where}.bins[{i}]") for x in b))
+    return Scores(*(_num(d.get(k), f"{where}.{k}") for k in ("ece", "auroc", "brier")), tuple(bins))
 
 
-def _curve(data: Any, where: str) -> ReliabilityCurve:
-    d = _obj(data, where, ("stage", "k", "mean_pred", "frac_pos", "count"))
-    if d["stage"] not in ("before", "after"):
-        raise ReportError(f"{where}: stage must be 'before' or 'after', got {d['stage']!r}")
-    curve = ReliabilityCurve(d["stage"], _int(d["k"], f"{where}.k", True), _nums(d["mean_pred"], where),
-                             _nums(d["frac_pos"], where), _nums(d["count"], where))
-    if not len(curve.mean_pred) == len(curve.frac_pos) == len(curve.count):
-        raise ReportError(f"{where}: mean_pred, frac_pos and count must have the same length (one per bin)")
-    return curve
+def _position(data: Any, where: str) -> CalibrationPosition:
+    d = _obj(data, where, ("k", "before"), ("n", "temperature", "after"))
+    n = _int(d["n"], f"{where}.n") if d.get("n") is not None else None
+    return CalibrationPosition(_int(d["k"], f"{where}.k"), n, _num(d.get("temperature"), f"{where}.temperature"),
+                               _scores(d["before"], f"{where}.before"), _scores(d.get("after"), f"{where}.after"))
 
 
 def parse_calibration(data: Any, source: Path) -> Calibration:
     w = str(source)
-    d = _obj(data, w, ("drafter", "method", "positions", "reliability"), ("summary", "target", "dataset", "note"))
-    positions = []
-    for i, p in enumerate(_list(d["positions"], w)):
-        p = _obj(p, f"{w}: positions[{i}]", ("k", "before"), ("after",))
-        positions.append(CalibrationPosition(_int(p["k"], w), _scores(p["before"], f"{w}: positions[{i}].before"),
-                                             _scores(p.get("after"), f"{w}: positions[{i}].after")))
-    curves = tuple(_curve(c, f"{w}: reliability[{i}]") for i, c in enumerate(_list(d["reliability"], w)))
-    summary = None
-    if d.get("summary") is not None:
-        s = _obj(d["summary"], f"{w}: summary", ("before",), ("after",))
-        summary = {k: _scores(v, f"{w}: summary.{k}") for k, v in s.items() if v is not None}
-    return Calibration(source, _str(d["drafter"], w), _str(d["method"], w), tuple(positions), curves, summary,
-                       *(_str(d.get(k), w, True) for k in ("target", "dataset", "note")))
-
-
-@dataclass(frozen=True)
-class LoadPoint:
-    drafter: str
-    source: str  # "measured" | "simulated"
-    concurrency: int
-    throughput_tok_s: float
-    per_user_tps: float
-    verify_budget: float | None
-
-
-@dataclass(frozen=True)
-class LoadSweep:
-    source: Path
-    points: tuple[LoadPoint, ...]
-    target: str | None = None
-    throughput_unit: str = "tok/s"
-    note: str | None = None
-
-
-def parse_load_sweep(data: Any, source: Path) -> LoadSweep:
-    w = str(source)
-    d = _obj(data, w, ("points",), ("target", "throughput_unit", "note"))
-    keys = ("drafter", "source", "concurrency", "throughput_tok_s", "per_user_tps", "verify_budget")
-    points = []
-    for i, p in enumerate(_list(d["points"], w)):
-        p = _obj(p, f"{w}: points[{i}]", keys)
-        if p["source"] not in ("measured", "simulated"):
-            raise ReportError(f"{w}: points[{i}].source must be 'measured' or 'simulated', got {p['source']!r}")
-        points.append(LoadPoint(_str(p["drafter"], w), p["source"], _int(p["concurrency"], w),
-                                _num(p["throughput_tok_s"], w), _num(p["per_user_tps"], w),
-                                _num(p["verify_budget"], w, True)))
-    return LoadSweep(source, tuple(points), _str(d.get("target"), w, True),
-                     _str(d.get("throughput_unit", "tok/s"), w), _str(d.get("note"), w, True))
+    d = _obj(data, w, ("positions",), ("source", "summary"))
+    positions = tuple(_position(p, f"{w}: positions[{i}]") for i, p in enumerate(_list(d["positions"], w)))
+    origin = d.get("source") or {}
+    summary = d.get("summary") or {}
+    if not isinstance(origin, dict) or not isinstance(summary, dict):
+        raise ReportError(f"{w}: 'source' and 'summary' must be objects")
+    return Calibration(source, str(origin.get("drafter", "drafter")), positions,
+                       {k: _num(v, f"{w}: summary.{k}") for k, v in summary.items()}, origin)
 
 
 @dataclass(frozen=True)
@@ -269,6 +232,8 @@ class LosslessRow:
     p_value: float | None
     verdict: str
     is_control: bool
+    expected: str  # the verdict a sound battery gives: "pass" for methods, "fail" for negative controls
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -276,26 +241,35 @@ class Lossless:
     source: Path
     rows: tuple[LosslessRow, ...]
     alpha: float | None = None
-    note: str | None = None
+
+
+_LOSSLESS_OPTIONAL = ("p_value", "bound", "expected", "adjusted_p", "df", "power_n", "detail")
+
+
+def _lossless_row(data: Any, where: str) -> LosslessRow:
+    d = _obj(data, where, ("test", "configuration", "n", "statistic", "verdict", "is_control"), _LOSSLESS_OPTIONAL)
+    if not isinstance(d["is_control"], bool):
+        raise ReportError(f"{where}.is_control must be true or false, got {d['is_control']!r}")
+    expected = d.get("expected") or ("fail" if d["is_control"] else "pass")
+    return LosslessRow(_str(d["test"], where), _str(d["configuration"], where), _int(d["n"], f"{where}.n"),
+                       _num(d["statistic"], f"{where}.statistic"), _num(d.get("p_value"), f"{where}.p_value"),
+                       _str(d["verdict"], where), d["is_control"], expected, _str(d.get("detail"), where) or "")
 
 
 def parse_lossless(data: Any, source: Path) -> Lossless:
     w = str(source)
-    d = {"rows": data} if isinstance(data, list) else _obj(data, w, ("rows",), ("alpha", "note"))
-    keys = ("test", "configuration", "n", "statistic", "p_value", "verdict", "is_control")
-    rows = []
-    for i, r in enumerate(_list(d["rows"], w)):
-        r = _obj(r, f"{w}: rows[{i}]", keys)
-        if not isinstance(r["is_control"], bool):
-            raise ReportError(f"{w}: rows[{i}].is_control must be true or false, got {r['is_control']!r}")
-        rows.append(LosslessRow(_str(r["test"], w), _str(r["configuration"], w), _int(r["n"], w),
-                                _num(r["statistic"], w, True), _num(r["p_value"], w, True),
-                                _str(r["verdict"], w), r["is_control"]))
-    return Lossless(source, tuple(rows), _num(d.get("alpha"), w, True), _str(d.get("note"), w, True))
+    if isinstance(data, dict) and "results" in data:
+        d = _obj(data, w, ("results",), ("mode", "target", "dtype", "seed", "alpha", "seconds", "ok"))
+        rows = d["results"]
+    else:
+        d = _obj(data, w, ("rows",), ("alpha", "note"))
+        rows = d["rows"]
+    parsed = tuple(_lossless_row(r, f"{w}: rows[{i}]") for i, r in enumerate(_list(rows, w)))
+    return Lossless(source, parsed, _num(d.get("alpha"), f"{w}: alpha"))
 
 
-_PARSERS = {"profile": parse_profile, "sweep": parse_sweep, "calibration": parse_calibration,
-            "concurrency": parse_load_sweep, "simulation": parse_load_sweep, "lossless": parse_lossless}
+_PARSERS = {"profile": parse_profile, "sweep": parse_sweep, "simulate": parse_simulate,
+            "calibration": parse_calibration, "lossless": parse_lossless}
 
 
 def read_artifact(path: Path):

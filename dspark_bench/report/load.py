@@ -92,10 +92,15 @@ class Inputs:
 
     def labels(self, entries: Sequence[Entry], omit: Iterable[str] = ()) -> list[str]:
         """Distinct labels of ``entries``, drafters in canonical order."""
-        firsts = {}
+        firsts: dict[str, Entry] = {}
         for e in entries:
             firsts.setdefault(self.label(e, omit), e)
-        return sorted(firsts, key=lambda lab: (drafter_sort_key(firsts[lab].drafter), lab))
+        return sorted(firsts, key=lambda lab: self.order(firsts[lab]))
+
+    @staticmethod
+    def order(e: Entry) -> tuple:
+        """Canonical series order: drafter (none, ngram, mtp, eagle3, dflash, dspark, others), then variant values."""
+        return (drafter_sort_key(e.drafter), e.target, e.scheduler, e.concurrency, e.block_size, e.run)
 
 
 def _summary(folder: Path, manifest: Mapping[str, Any]) -> tuple[dict, str]:

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from dspark_bench.report import figures, paper, tables
 from dspark_bench.report.load import Inputs
-from dspark_bench.report.style import TAU_DEFINITION, fmt
+from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key
 from dspark_bench.report.tables import Table
 
 
@@ -34,14 +34,20 @@ def _table1(inp: Inputs) -> Section | str:
     if not inp.select("dataset"):
         return "no run with per-dataset results (summary.json groups with scope 'dataset')"
     gains = tables.gains_table(inp)
-    return Section("table1", "Accepted length τ (Table 1)", "Rows: drafters; columns: datasets grouped by domain.",
-                   tables=(tables.table1(inp), *([gains] if gains else [])))
+    notes = "".join(f" {name}: {note}." for name, note in paper.stand_in_notes(inp).items())
+    return Section("table1", "Accepted length τ (Table 1)", "Rows: drafters; columns: datasets grouped by domain."
+                   + notes, tables=(tables.table1(inp), *([gains] if gains else [])))
 
 
 def _paper(inp: Inputs) -> Section | str:
     if not inp.select("dataset"):
         return "no per-dataset results to compare"
-    return paper.paper_section(inp)
+    found = paper.comparison_tables(inp)
+    if isinstance(found, str):
+        return found
+    caption = ("The paper's offline protocol: temperature 1.0, block size 7, no scheduler, 2048 new tokens. "
+               "Small --limit or --max-new-tokens runs are smoke tests, not replications.")
+    return Section("paper", "Comparison with the paper's Table 1", caption, tables=tuple(found))
 
 
 def _with_positions(inp: Inputs, scope: str):
@@ -53,12 +59,12 @@ def _positions(inp: Inputs) -> Section | str:
     entries = _with_positions(inp, "domain")
     if not entries:
         return "no drafter with verified draft tokens (only `none`, or no domain groups in summary.json)"
-    doms = sorted({e.name for e in entries})
+    ordered = sorted(entries, key=lambda e: (domain_sort_key(e.name), Inputs.order(e)))
     caption = ("P(x_k accepted | x_1..x_{k−1} accepted) = accepted[k] / examined[k], pooled over rounds "
                "(metrics.py 'conditional'). A flat curve means the drafter does not lose track along the block.")
     return Section("positions", "Position-wise conditional acceptance (Figure 2)", caption,
                    (figures.positions_figure(inp, entries),),
-                   tuple(tables.positions_table(inp, d, [e for e in entries if e.name == d]) for d in doms))
+                   (tables.positions_table(inp, ordered),))
 
 
 def _histogram(inp: Inputs) -> Section | str:
@@ -71,74 +77,67 @@ def _histogram(inp: Inputs) -> Section | str:
 
 def _block_size(inp: Inputs) -> Section | str:
     sizes = sorted({r.block_size for r in inp.runs})
-    if len(sizes) < 2:
-        return f"needs runs with at least two block sizes (--block-size); found γ = {sizes or 'none'}"
+    omit = ("block_size", "run")
     entries = [e for e in inp.select("domain") if e.drafter != "none"]
-    rows = tuple((inp.label(e, ("block_size", "run")), e.name, str(e.block_size), fmt(e.metrics.get("tau")))
-                 for e in sorted(entries, key=lambda e: (inp.label(e, ("block_size", "run")), e.name, e.block_size)))
-    table = Table("τ by block size", ("drafter", "domain", "γ", "τ"), rows)
+    swept = {lab for lab in inp.labels(entries, omit)
+             if len({e.block_size for e in entries if inp.label(e, omit) == lab}) > 1}
+    if not swept:
+        return f"needs one drafter run with at least two block sizes (--block-size); found γ = {sizes or 'none'}"
+    entries = [e for e in entries if inp.label(e, omit) in swept]
     return Section("block_size", "τ against block size (Figure 4)", TAU_DEFINITION,
-                   (figures.block_size_figure(inp, entries),), (table,))
+                   (figures.block_size_figure(inp, entries),), (tables.block_size_table(inp, entries),))
+
+
+def _cells(inp: Inputs, kinds: tuple[str, ...]) -> list:
+    return [row for kind in kinds for doc in inp.artifacts.get(kind, ()) for row in doc.rows]
+
+
+def _sources(docs) -> str:
+    return "Source: " + ", ".join(str(d.source) for d in docs)
 
 
 def _sweep(inp: Inputs) -> Section | str:
-    sweeps = inp.artifacts.get("sweep", ())
-    if not sweeps:
-        return "no sweep.json among the inputs (static-threshold sweep)"
-    rows = tuple((s.drafter, p.domain, f"{p.theta:g}", fmt(p.accepted_per_step), fmt(p.rejected_per_step),
-                  fmt(p.acceptance_rate, ".1%")) for s in sweeps for p in s.points)
-    table = Table("Threshold sweep", ("drafter", "domain", "θ", "accepted/step", "rejected/step", "acceptance"), rows,
-                  "Source: " + ", ".join(str(s.source) for s in sweeps))
+    rows = [r for r in _cells(inp, ("sweep",)) if r.scheduler == "threshold" and r.theta is not None]
+    if not rows:
+        return "no threshold-sweep cells (sweep.json rows of scheduler 'threshold' with options.theta)"
     caption = ("A draft prefix is verified up to the first position whose confidence c_k falls below θ; θ = 0 "
-               "verifies the whole block. Acceptance rate = accepted / verified draft tokens.")
-    return Section("sweep", "Threshold sweep (Figure 5)", caption, (figures.sweep_figure(sweeps),), (table,))
+               "verifies the whole block. Per step = per verification round; acceptance = accepted / verified.")
+    return Section("sweep", "Threshold sweep (Figure 5)", caption, (figures.sweep_figure(rows),),
+                   (tables.sweep_table(rows, _sources(inp.artifacts["sweep"])),))
 
 
 def _calibration(inp: Inputs) -> Section | str:
     cals = inp.artifacts.get("calibration", ())
     if not cals:
         return "no calibration.json among the inputs (confidence-head reliability data)"
-    rows = []
-    for c in cals:
-        for p in c.positions:
-            a = p.after
-            rows.append((c.drafter, str(p.k), fmt(p.before.ece, ".1%"), fmt(a and a.ece, ".1%"),
-                         fmt(p.before.auroc, ".3f"), fmt(a and a.auroc, ".3f"), fmt(p.before.brier, ".3f"),
-                         fmt(a and a.brier, ".3f")))
-    table = Table("Calibration per position", ("drafter", "k", "ECE before", "ECE after", "AUROC before",
-                                               "AUROC after", "Brier before", "Brier after"), tuple(rows),
-                  "Source: " + ", ".join(str(c.source) for c in cals))
     caption = ("Predicted P(A ≥ k) = product of the conditional confidences c_1..c_k, against the observed "
-               "indicator 1[A ≥ k]. ECE: |mean prediction − observed share| weighted by bin mass.")
+               "indicator 1[A ≥ k]. ECE: |mean prediction − observed share| per bin, weighted by bin mass.")
     return Section("calibration", "Calibration before and after (Figure 6)", caption,
-                   tuple(figures.reliability_figure(c) for c in cals if c.reliability), (table,))
+                   tuple(figures.reliability_figure(c) for c in cals), tuple(tables.calibration_table(c) for c in cals))
 
 
 def _profile(inp: Inputs) -> Section | str:
     profs = inp.artifacts.get("profile", ())
     if not profs:
         return "no profile.json among the inputs (engine step-rate profile)"
-    tabs = tuple(Table(f"SPS (steps/s): {p.source}", ("context \\ B", *map(str, p.batch_tokens)),
-                       tuple((str(c), *(fmt(v, ".1f") for v in row))
-                             for c, row in zip(p.context_lengths, p.steps_per_s, strict=True)), p.note or "")
-                 for p in profs)
     caption = "Target forward steps per second at B batch tokens, profiled once; the scheduler's cost model reads it."
-    return Section("profile", "Engine profile: SPS(B)", caption, tuple(figures.profile_figure(p) for p in profs), tabs)
+    return Section("profile", "Engine profile: SPS(B)", caption, tuple(figures.profile_figure(p) for p in profs),
+                   tuple(tables.profile_table(p) for p in profs))
 
 
 def _load(inp: Inputs) -> Section | str:
-    sweeps = inp.artifacts.get("concurrency", ()) + inp.artifacts.get("simulation", ())
-    if not sweeps:
-        return "no concurrency.json (measured) or simulation.json (simulated) among the inputs"
-    rows = tuple((p.drafter, p.source, str(p.concurrency), fmt(p.throughput_tok_s, ".1f"), fmt(p.per_user_tps, ".1f"),
-                  fmt(p.verify_budget)) for s in sweeps for p in s.points)
-    table = Table("Load sweep", ("drafter", "source", "concurrency", f"throughput ({sweeps[0].throughput_unit})",
-                                 "per-user tok/s", "verify budget"), rows,
-                  "Source: " + ", ".join(str(s.source) for s in sweeps))
-    caption = ("Solid lines, filled markers: measured. Dashed lines, open markers: simulated. Verify budget = "
-               "tokens verified per request per step, including the current token (MTP-1 is flat at 2).")
+    rows = _cells(inp, ("sweep", "simulate"))
+    if not rows:
+        return "no sweep.json (measured) or simulate.json (simulated) among the inputs"
+    docs = inp.artifacts.get("sweep", ()) + inp.artifacts.get("simulate", ())
+    notes = " ".join(d.note for d in docs if d.note)
+    caption = ("Filled circles: MEASURED through the engine (sweep.json). Open diamonds: SIMULATED by replaying "
+               "recorded rounds against the SPS profile (simulate.json). Verify budget = tokens verified per "
+               "request per step, including the current token (MTP-1 is flat at 2). " + notes)
+    series = [r for r in rows if sum((x.drafter, x.label, x.simulated) == (r.drafter, r.label, r.simulated)
+                                     for x in rows) > 1]  # the figure shows curves; single cells stay in the table
     return Section("load", "Throughput and verify budget vs concurrency (Figures 7–8)", caption,
-                   (figures.load_figure(sweeps),), (table,))
+                   (figures.load_figure(series or rows),), (tables.load_table(rows, _sources(docs)),))
 
 
 def _speed(inp: Inputs) -> Section | str:

@@ -1,7 +1,8 @@
 """Colours, number formats and the shared figure layout: one look for every figure of every report.
 
 A drafter keeps its colour in every figure (Okabe-Ito, colour-blind safe); ``none`` is grey. Variants of
-one drafter (another block size, scheduler, target or run) share its colour and differ by line dash.
+one drafter (another block size, scheduler, target or run) share its colour and differ by line dash
+(bar pattern in bar charts).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ DRAFTER_COLOURS = {
 }
 SPARE_COLOURS = ("#56B4E9", "#8C564B", "#332288", "#AA4499", "#117733", "#999933")
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+PATTERNS = ("", "/", ".", "x", "\\", "+")  # bar fill patterns, the dashes of bar charts
 DRAFTER_ORDER = ("none", "ngram", "mtp", "eagle3", "dflash", "dspark")
 DOMAIN_ORDER = ("math", "code", "chat", "custom")
 
@@ -61,9 +63,10 @@ def fmt_ci(ci: Sequence[float] | None) -> str:
 def style_figure(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     """The one layout: white background, light grid, legend above the plot, readable fonts."""
     fig.update_layout(
-        template="simple_white", title={"text": title, "x": 0.0, "xanchor": "left", "font": {"size": 16}},
-        font={"family": FONT, "size": 13}, height=height, margin={"l": 70, "r": 30, "t": 90, "b": 60},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0.0, "title": None},
+        template="simple_white", title={"text": title, "x": 0.012, "xanchor": "left", "font": {"size": 16}},
+        font={"family": FONT, "size": 13}, height=height, margin={"l": 70, "r": 20, "t": 70, "b": 60},
+        legend={"orientation": "v", "yanchor": "top", "y": 1.0, "xanchor": "left", "x": 1.01, "title": None,
+                "font": {"size": 12}},
         hoverlabel={"font": {"family": FONT}},
     )
     fig.update_xaxes(showgrid=True, gridcolor="#EEEEEE", ticks="outside", zeroline=False)

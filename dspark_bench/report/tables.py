@@ -8,13 +8,17 @@ of those means. Per-dataset τ and its 95% interval are read from ``summary.json
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dspark_bench.report.inputs import Lossless
+from dspark_bench.report.inputs import Calibration, CellRow, Lossless, Profile
 from dspark_bench.report.load import Entry, Inputs, RunData
-from dspark_bench.report.style import TAU_DEFINITION, drafter_sort_key, fmt, fmt_ci, fmt_pct
+from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key, fmt, fmt_ci, fmt_pct
+
+# A numeric cell ("5.68 [5.43, 5.93]", "+16.3%", "1.02×", "1e-12", "–"): such columns are right-aligned.
+_NUMERIC = re.compile(r"[-+−–]?[\d.,]*\d(e[-+]?\d+)?\s*[%×]?( \[[-\d., ]+\])?|–|")
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,11 @@ class Table:
     rows: tuple[tuple[str, ...], ...]
     caption: str = ""
     groups: tuple[tuple[str, int], ...] = ()  # optional header row spanning columns: (text, width)
+
+    def text_columns(self) -> set[int]:
+        """Columns holding text (left-aligned); the first column always does."""
+        return {0} | {i for i in range(len(self.columns))
+                      if not all(_NUMERIC.fullmatch(r[i]) for r in self.rows if i < len(r))}
 
 
 def macro_mean(values: Sequence[float | None]) -> float | None:
@@ -114,15 +123,28 @@ def gains_table(inputs: Inputs) -> Table | None:
                  tuple(rows), caption)
 
 
-def positions_table(inputs: Inputs, domain: str, entries: Sequence[Entry]) -> Table:
-    """Conditional acceptance per draft position, one row per series."""
+def positions_table(inputs: Inputs, entries: Sequence[Entry]) -> Table:
+    """Conditional acceptance per draft position, one row per domain and series."""
     width = max((len(e.metrics.get("positions", {}).get("conditional", [])) for e in entries), default=0)
     rows = []
     for e in entries:
         cond = e.metrics.get("positions", {}).get("conditional", [])
-        rows.append((inputs.label(e), *(fmt(c) for c in cond), *("" for _ in range(width - len(cond)))))
-    return Table(f"Conditional acceptance per position: {domain}", ("drafter", *(f"k={j}" for j in range(1, width + 1))),
+        rows.append((e.name, inputs.label(e), *(fmt(c) for c in cond), *("" for _ in range(width - len(cond)))))
+    return Table("Conditional acceptance per draft position", ("domain", "drafter", *(f"k={j}" for j in range(1, width + 1))),
                  tuple(rows))
+
+
+def block_size_table(inputs: Inputs, entries: Sequence[Entry]) -> Table:
+    """τ [95% CI] per series and domain (rows) and block size γ (columns)."""
+    omit = ("block_size", "run")
+    sizes = sorted({e.block_size for e in entries})
+    cells = {(inputs.label(e, omit), e.name, e.block_size): e.metrics for e in entries}
+    keys = dict.fromkeys((inputs.label(e, omit), e.name)
+                         for e in sorted(entries, key=lambda e: (Inputs.order(e)[:-2], domain_sort_key(e.name))))
+    rows = tuple((label, dom, *(fmt((cells.get((label, dom, g)) or {}).get("tau"))
+                                + fmt_ci((cells.get((label, dom, g)) or {}).get("tau_ci95")) for g in sizes))
+                 for label, dom in keys)
+    return Table("τ by block size", ("drafter", "domain", *(f"γ={g}" for g in sizes)), rows, TAU_DEFINITION)
 
 
 def _ms(p: Mapping[str, float] | None, key: str) -> str:
@@ -133,7 +155,7 @@ def _ms(p: Mapping[str, float] | None, key: str) -> str:
 def speed_table(inputs: Inputs) -> Table:
     """Wall-clock numbers over all prompts, as recorded in summary.json."""
     rows = []
-    for e in sorted(inputs.select("all"), key=lambda x: (drafter_sort_key(x.drafter), inputs.label(x))):
+    for e in sorted(inputs.select("all"), key=Inputs.order):
         m = e.metrics
         rows.append((inputs.label(e), str(m.get("n_requests", "–")), str(m.get("n_errors", "–")), fmt(m.get("tau")),
                      fmt(m.get("tokens_per_s"), ".1f"), fmt(m.get("speedup_vs_none"), ".2f") + "×",
@@ -147,18 +169,55 @@ def speed_table(inputs: Inputs) -> Table:
     return Table("Wall-clock speed (all prompts)", cols, tuple(rows), caption)
 
 
+def sweep_table(rows: Sequence[CellRow], caption: str) -> Table:
+    out = tuple((r.drafter, r.domain or "all", str(r.concurrency), f"{r.theta:g}", fmt(r.numbers.get("accepted_per_step")),
+                 fmt(r.numbers.get("rejected_per_step")), fmt(r.numbers.get("verified_acceptance_rate"), ".1%"),
+                 fmt(r.numbers.get("tau"))) for r in sorted(rows, key=lambda r: (r.drafter, r.concurrency, r.theta)))
+    return Table("Threshold sweep", ("drafter", "domain", "concurrency", "θ", "accepted/step", "rejected/step",
+                                     "accepted/verified", "τ"), out, caption)
+
+
+def load_table(rows: Sequence[CellRow], caption: str) -> Table:
+    out = tuple((r.drafter, r.label, "simulated" if r.simulated else "measured", str(r.concurrency),
+                 fmt(r.numbers.get("aggregate_tokens_per_s"), ".1f"), fmt(r.numbers.get("per_request_tps"), ".1f"),
+                 fmt(r.numbers.get("mean_verify_budget")), fmt(r.numbers.get("tau")), fmt(r.numbers.get("waste"), ".1%"))
+                for r in sorted(rows, key=lambda r: (r.simulated, r.drafter, r.label, r.concurrency)))
+    return Table("Cells under load", ("drafter", "scheduler", "source", "concurrency", "throughput (tok/s)",
+                                      "per-request tok/s", "verify budget", "τ", "waste"), out, caption)
+
+
+def calibration_table(cal: Calibration) -> Table:
+    rows = []
+    for p in cal.positions:
+        a = p.after
+        rows.append((str(p.k), "–" if p.n is None else str(p.n), fmt(p.temperature),
+                     fmt(p.before.ece, ".1%"), fmt(a and a.ece, ".1%"), fmt(p.before.auroc, ".3f"),
+                     fmt(a and a.auroc, ".3f"), fmt(p.before.brier, ".3f"), fmt(a and a.brier, ".3f")))
+    origin = ", ".join(f"{k}={v}" for k, v in cal.origin.items())
+    return Table(f"Calibration of {cal.drafter} per position", ("k", "n", "T_k", "ECE before", "ECE after",
+                 "AUROC before", "AUROC after", "Brier before", "Brier after"), tuple(rows),
+                 f"Source: {cal.source}" + (f" (fitted on {origin})" if origin else ""))
+
+
+def profile_table(p: Profile) -> Table:
+    rows = tuple((str(c), *(fmt(v, ".1f") for v in row)) for c, row in zip(p.context_lengths, p.steps_per_s, strict=True))
+    return Table("SPS (target steps/s) by context length and batch tokens B", ("context \\ B", *map(str, p.batch_tokens)),
+                 rows, f"Source: {p.source}" + (f" ({p.where})" if p.where else ""))
+
+
 def lossless_table(docs: Sequence[Lossless]) -> Table:
     rows = []
     for doc in docs:
         for r in doc.rows:
+            ok = "yes" if r.verdict == r.expected else "NO"
             rows.append((r.test, r.configuration, "control" if r.is_control else "method", str(r.n),
-                         fmt(r.statistic, ".3g"), fmt(r.p_value, ".3g"), r.verdict))
+                         fmt(r.statistic, ".3g"), fmt(r.p_value, ".3g"), r.verdict, r.expected, ok, r.detail))
     alphas = sorted({d.alpha for d in docs if d.alpha is not None})
-    caption = ("Controls are deliberately broken samplers: a sound battery must reject them. "
-               + (f"Significance level α = {', '.join(map(str, alphas))}. " if alphas else "")
+    caption = ("Controls are deliberately broken samplers: a sound battery must reject them (expected 'fail'). "
+               + (f"α = {', '.join(f'{a:g}' for a in alphas)}. " if alphas else "")
                + "Source: " + ", ".join(str(d.source) for d in docs))
-    return Table("Lossless battery", ("test", "configuration", "kind", "n", "statistic", "p-value", "verdict"),
-                 tuple(rows), caption)
+    return Table("Lossless battery", ("test", "configuration", "kind", "n", "statistic", "p-value", "verdict",
+                                      "expected", "as expected", "detail"), tuple(rows), caption)
 
 
 def _versions(v: Mapping[str, str | None]) -> str:

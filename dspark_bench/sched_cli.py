@@ -1,0 +1,268 @@
+"""Click commands for confidence-scheduled verification: ``profile``, ``sweep``, ``calibrate``, ``simulate``.
+
+Attached to the ``dspark-bench`` group by :mod:`dspark_bench.cli` (at its end, after its helpers exist).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from dspark_bench.cli import _friendly, _parse_limit, _parse_options, console, stdout
+
+
+def _ints(value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a comma list of integers, e.g. 1,2,4") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: expected positive integers")
+    return out
+
+
+def _floats(value: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a comma list of numbers, e.g. 0,0.1,0.2") from None
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def _load_target(target: str, dtype: str):
+    from dspark_bench.target import Target
+
+    console.print(f"loading target [bold]{target}[/] ({dtype}) ...")
+    return Target.load(target, dtype=dtype)
+
+
+_target = click.option("--target", default="smollm2-135m", show_default=True)
+_dtype = click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
+_threads_opt = click.option("--threads", default=None, type=int,
+                            help="torch threads (1 avoids oversubscription on a shared CPU).")
+
+
+@click.command()
+@_target
+@_dtype
+@click.option("--max-batch-tokens", default=128, show_default=True, type=int)
+@click.option("--contexts", default="128,512", show_default=True, help="Comma list of context lengths.")
+@click.option("--width", default=8, show_default=True, type=int, help="Tokens per request row (gamma + 1).")
+@click.option("--repeats", default=5, show_default=True, type=int)
+@click.option("--out", default="profile.json", show_default=True)
+@_threads_opt
+@_friendly
+def profile(target, dtype, max_batch_tokens, contexts, width, repeats, out, threads):
+    """Measure the target's forward steps per second vs batch tokens (the SPS table of the schedulers)."""
+    from dspark_bench.profile import DEFAULT_BATCH_TOKENS, measure_profile, save_profile
+
+    _threads(threads)
+    grid = sorted({b for b in DEFAULT_BATCH_TOKENS if b <= max_batch_tokens} | {max_batch_tokens})
+    result = measure_profile(_load_target(target, dtype), grid, _ints(contexts), width, repeats)
+    save_profile(result, out)
+    table = Table(title=f"steps/s, {result.target} {result.dtype} on {result.machine}")
+    table.add_column("B", justify="right")
+    for c in result.context_lengths:
+        table.add_column(f"ctx {c}", justify="right")
+    for i, b in enumerate(result.batch_tokens):
+        table.add_row(str(b), *(f"{row[i]:.2f}" for row in result.steps_per_s))
+    stdout.print(table)
+    stdout.print(f"written to {out}")
+
+
+@click.command()
+@_target
+@_dtype
+@click.option("--drafter", "drafter_list", default="dspark", show_default=True, help="Comma list of drafters.")
+@click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
+@click.option("--scheduler", "scheduler_list", default="fixed,threshold,hardware-aware,async", show_default=True,
+              help="Comma list of NAME or NAME[KEY=VALUE,...], e.g. hardware-aware[layout=padded].")
+@click.option("--scheduler-opt", multiple=True, help="Scheduler option SCHEDULER.KEY=VALUE (repeatable).")
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True)
+@click.option("--fixed-lengths", default="", help="Also run fixed with at most L verified tokens, e.g. 1,2,3.")
+@click.option("--threshold-sweep", is_flag=True, help="Run `threshold` once per --thetas value instead.")
+@click.option("--thetas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", show_default=True)
+@click.option("--baseline", default="mtp", show_default=True, help="Drafters run with fixed length 1, if registered.")
+@click.option("--suite", default="all", show_default=True)
+@click.option("--limit", default="4", show_default=True)
+@click.option("--max-new-tokens", default=64, show_default=True, type=int)
+@click.option("--temperature", default=1.0, show_default=True, type=float)
+@click.option("--block-size", default=7, show_default=True, type=int)
+@click.option("--seed", default=980406, show_default=True, type=int)
+@click.option("--repeats", default=1, show_default=True, type=int, help="Passes over the prompts (ABBA order).")
+@click.option("--profile", "profile_path", default=None, help="profile.json; default: measure into OUT/profile.json.")
+@click.option("--out", default=None, help="Sweep folder. Default: results/sweep-<time>.")
+@_threads_opt
+@_friendly
+def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_opt, concurrency, fixed_lengths,
+          threshold_sweep, thetas, baseline, suite, limit, max_new_tokens, temperature, block_size, seed, repeats,
+          profile_path, out, threads):
+    """Concurrency x scheduler sweep through the engine (same prompts and seeds in every cell)."""
+    from dspark_bench.profile import measure_profile, save_profile
+    from dspark_bench.schedulers import scheduler_class
+    from dspark_bench.suites import load_suite
+    from dspark_bench.sweep import SweepSpec, parse_scheduler, run_sweep, split_schedulers
+
+    _threads(threads)
+    schedulers = split_schedulers(scheduler_list)
+    for item in schedulers:
+        scheduler_class(parse_scheduler(item)[0])
+    spec = SweepSpec(target=target, drafters=_names(drafter_list), schedulers=schedulers,
+                     concurrency=_ints(concurrency), scheduler_options=_parse_options(scheduler_opt),
+                     drafter_options=_parse_options(drafter_opt),
+                     fixed_lengths=_ints(fixed_lengths) if fixed_lengths else (),
+                     thetas=_floats(thetas) if threshold_sweep else None, baselines=_names(baseline), repeats=repeats,
+                     suite=suite, limit=_parse_limit(limit), max_new_tokens=max_new_tokens, temperature=temperature,
+                     block_size=block_size, seed=seed, dtype=dtype)
+    folder = Path(out or f"results/sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    tgt = _load_target(target, dtype)
+    if profile_path is None:
+        console.print("measuring the engine profile (pass --profile to reuse one) ...")
+        profile_path = str(folder / "profile.json")
+        save_profile(measure_profile(tgt, contexts=(128, 512)), profile_path)
+    prompts = load_suite(suite, spec.limit, seed)
+    result = run_sweep(spec, tgt, prompts, folder, profile_path, on_cell=_print_cell)
+    _print_rows(result["rows"])
+    stdout.print(f"written to {folder / 'sweep.json'}")
+
+
+def _print_cell(row: dict) -> None:
+    console.print(f"{row['drafter']} {row['label']} R={row['concurrency']}: "
+                  f"{_f(row['aggregate_tokens_per_s'])} tok/s, budget {_f(row['mean_verify_budget'])}, "
+                  f"waste {_f(row['waste'])}, tau {_f(row['tau'])}")
+
+
+def _f(value, spec=".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _print_rows(rows: list[dict]) -> None:
+    table = Table(title="sweep (aggregate decode throughput; budget = verified tokens per request per step + 1)")
+    for col in ("drafter", "scheduler", "R", "agg tok/s", "tok/s/req", "budget", "waste", "τ"):
+        table.add_column(col, justify="left" if col in ("drafter", "scheduler") else "right")
+    for r in rows:
+        table.add_row(r["drafter"], r["label"], str(r["concurrency"]), _f(r["aggregate_tokens_per_s"]),
+                      _f(r["per_request_tps"]), _f(r["mean_verify_budget"]), _f(r["waste"], ".1%"), _f(r["tau"]))
+    stdout.print(table)
+
+
+@click.command()
+@_target
+@_dtype
+@click.option("--drafter", required=True, help="A drafter that predicts confidences.")
+@click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
+@click.option("--suite", default="all", show_default=True)
+@click.option("--source", default="slice", show_default=True, type=click.Choice(["slice", "generated"]),
+              help="slice: suite prompts beyond --eval-limit per dataset; generated: the training prompt generator "
+                   "under --seed (not the training seed 0), with no evaluation or training text.")
+@click.option("--heldout", default=8, show_default=True, type=int,
+              help="Held-out prompts per dataset (slice) or in all (generated).")
+@click.option("--eval-limit", default=16, show_default=True, type=int,
+              help="Hold out only prompts beyond the first N of each dataset (evaluation runs use --limit <= N).")
+@click.option("--records", "records_dir", default=None, help="Fit from this held-out run folder instead.")
+@click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--block-size", default=7, show_default=True, type=int)
+@click.option("--seed", default=980406, show_default=True, type=int)
+@click.option("--out", default=None, help="Folder for calibration.json (and the held-out run).")
+@_threads_opt
+@_friendly
+def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_limit, records_dir, concurrency,
+              max_new_tokens, block_size, seed, out, threads):
+    """Fit Sequential Temperature Scaling on held-out rounds; write calibration.json with before/after ECE,
+    AUROC, Brier and reliability bins per position."""
+    from dspark_bench.results import read_records
+    from dspark_bench.sweep import SweepSpec, calibrate_records, generated_prompts, heldout_prompts
+    from dspark_bench.sweep import calibrate as run_calibration
+
+    _threads(threads)
+    folder = Path(out or f"results/calibration-{drafter}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if records_dir:
+        report = calibrate_records(read_records(records_dir), folder / "calibration.json",
+                                   {"drafter": drafter, "rounds": records_dir})
+    else:
+        spec = SweepSpec(target, (drafter,), ("fixed",), (1,), drafter_options=_parse_options(drafter_opt),
+                         suite=suite, limit=None, max_new_tokens=max_new_tokens, block_size=block_size, seed=seed,
+                         dtype=dtype)
+        if source == "slice":
+            prompts = heldout_prompts(suite, heldout, eval_limit, seed)
+            console.print(f"{len(prompts)} held-out prompts (beyond the first {eval_limit} of each dataset)")
+        else:
+            prompts = generated_prompts(heldout, seed, suite, None, seed)
+            console.print(f"{len(prompts)} generated held-out prompts (seed {seed})")
+        report = run_calibration(spec, drafter, _load_target(target, dtype), prompts, folder, concurrency)
+    table = Table(title="STS calibration of prefix survival (ECE 20 bins)")
+    for col in ("k", "n", "T", "ECE before", "ECE after", "AUROC before", "AUROC after", "Brier before", "Brier after"):
+        table.add_column(col, justify="right")
+    for p in report["positions"]:
+        b, a = p["before"], p["after"]
+        table.add_row(str(p["k"]), str(p["n"]), f"{p['temperature']:.3f}", _f(b["ece"], ".3f"), _f(a["ece"], ".3f"),
+                      _f(b["auroc"], ".3f"), _f(a["auroc"], ".3f"), _f(b["brier"], ".3f"), _f(a["brier"], ".3f"))
+    stdout.print(table)
+    stdout.print(f"written to {folder / 'calibration.json'}; use it with --drafter-opt {drafter}.calibration=PATH")
+
+
+@click.command()
+@click.option("--records", "records_dirs", required=True, help="Comma list of run folders with fixed-length rounds.")
+@click.option("--profile", "profile_path", required=True, help="profile.json (SPS table) to replay against.")
+@click.option("--scheduler", "scheduler_list", default="fixed,hardware-aware,async", show_default=True)
+@click.option("--scheduler-opt", multiple=True, help="Scheduler option SCHEDULER.KEY=VALUE (repeatable).")
+@click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", show_default=True)
+@click.option("--layout", default="padded", show_default=True, type=click.Choice(["padded", "packed"]))
+@click.option("--sweep", "sweep_dirs", default=None, help="Comma list of measured sweep folders to validate against.")
+@click.option("--block-size", default=7, show_default=True, type=int)
+@click.option("--out", default="simulate.json", show_default=True)
+@_friendly
+def simulate(records_dirs, profile_path, scheduler_list, scheduler_opt, concurrency, layout, sweep_dirs, block_size,
+             out):
+    """SIMULATED: replay recorded rounds against an SPS table up to high concurrency."""
+    from dspark_bench import simulate as sim
+    from dspark_bench.profile import load_profile
+    from dspark_bench.sweep import parse_scheduler, split_schedulers
+
+    records = [r for d in _names(records_dirs) for r in _read_any(d) if r.scheduler == "fixed"]
+    if not records:
+        raise ValueError(f"no fixed-scheduler records in {records_dirs}: the replay needs full-verification rounds")
+    table, opts = load_profile(profile_path), _parse_options(scheduler_opt)
+    overhead = sim.fit_overhead(records)
+    cells = [(name, {**opts.get(name, {}), **inline}) for name, inline in map(parse_scheduler,
+                                                                               split_schedulers(scheduler_list))]
+    rows = sim.project(sim.traces_from_records(records), table, cells, _ints(concurrency), layout, overhead,
+                       block_size)
+    result = {"simulated": True, "note": sim.__doc__.split("\n\n")[0], "profile": profile_path,
+              "machine": table.machine, "layout": layout, "overhead": overhead, "traces": len(records), "rows": rows}
+    if sweep_dirs:
+        checked = [row for d in _names(sweep_dirs) for row in sim.validate(d, table, layout, block_size)["rows"]]
+        result["validation"] = {"sweeps": list(_names(sweep_dirs)), "rows": checked,
+                                "mean_abs_rel_error": sim.mean_abs_errors(checked),
+                                "verify_model": sim.verify_model_error(records, table, layout)}
+    Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _print_rows([{**r, "drafter": "(simulated)", "label": _label(r)} for r in rows])
+    stdout.print(f"SIMULATED results written to {out}")
+
+
+def _label(row: dict) -> str:
+    opts = ",".join(f"{k}={v}" for k, v in sorted(row["options"].items()))
+    return row["scheduler"] + (f"[{opts}]" if opts else "")
+
+
+def _read_any(folder: str):
+    """Records of a run folder, or of a sweep cell folder (one run folder per part)."""
+    from dspark_bench.results import RECORDS, read_records
+    from dspark_bench.sweep import read_cell
+
+    return read_records(folder) if (Path(folder) / RECORDS).is_file() else read_cell(folder)

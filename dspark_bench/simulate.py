@@ -1,0 +1,245 @@
+"""SIMULATED throughput at scale: replay recorded rounds against an SPS table. Nothing here runs a model.
+
+**Traces.** Each recorded request of a full-verification run (scheduler ``fixed``) gives, per round, the
+number of draft tokens verified ``v``, the leading survivors ``A`` among them and the drafter's confidences.
+Replaying a round under a scheduler that verifies ``l <= v`` of them gives ``min(A, l)`` accepted tokens and
+one target token, exactly as the engine would on that round (acceptance of x_j depends only on x_1..x_j).
+Later rounds are replayed as recorded (a request cycles through its rounds until it has produced as many
+decode tokens as it did when recorded): the approximation is that a round's outcome does not depend on which
+tokens earlier rounds committed.
+
+**Clock.** A step of R requests costs ``overhead(R) + 1 / SPS(B, context)``, where B is the batch tokens the
+target computes (``layout``: ``padded`` = this engine, ``R (1 + max l)``; ``packed`` = ``sum (1 + l)``),
+``context`` the active requests' mean length, and ``overhead(R) = a + b R`` a least-squares fit of the
+recorded draft + other seconds per round (0 without timings). Prefill is not simulated (decode only, as
+``sweep.aggregate_tokens_per_s``). Continuous batching: a finished request's slot is refilled at once.
+
+The schedulers are the real ones (:func:`~dspark_bench.schedulers.create_scheduler`), fed fake proposals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dspark_bench.drafters.base import DraftContext, Proposal
+from dspark_bench.metrics import decode_tokens
+from dspark_bench.profile import Profile
+from dspark_bench.results import RequestRecord
+from dspark_bench.schedulers import create_scheduler, scheduler_class
+from dspark_bench.sweep import read_cell
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One recorded request: per round verified v, accepted A and confidences c_1..c_v (or None)."""
+
+    verified: tuple[int, ...]
+    accepted: tuple[int, ...]
+    confidence: tuple[tuple[float, ...], ...] | None
+    tokens: int  # decode tokens it produced
+    prompt_len: int
+
+
+def traces_from_records(records: Sequence[RequestRecord]) -> list[Trace]:
+    out = []
+    for rec in records:
+        if not rec.ok or not rec.rounds:
+            continue
+        ver = tuple(r[1] for r in rec.rounds)
+        conf = None if rec.confidence is None else tuple(c[:v] for c, v in zip(rec.confidence, ver, strict=True))
+        out.append(Trace(ver, tuple(r[2] for r in rec.rounds), conf, decode_tokens(rec), rec.prompt_len))
+    return out
+
+
+def fit_overhead(records: Sequence[RequestRecord]) -> tuple[float, float]:
+    """(a, b) of overhead(R) = a + b R, least squares over recorded rounds of draft_s + other_s vs batch."""
+    xs, ys = [], []
+    for rec in records:
+        for t, b in zip(rec.timings, rec.batch or (1,) * len(rec.timings), strict=True):
+            xs.append(b)
+            ys.append(t[0] + t[2])
+    if not xs:
+        return 0.0, 0.0
+    if len(set(xs)) < 2:
+        return float(np.mean(ys)) / 2, float(np.mean(ys)) / (2 * xs[0])  # split evenly: no slope information
+    b, a = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return float(a), float(b)
+
+
+@dataclass(eq=False)
+class _SimSlot:
+    """What schedulers read from an engine slot: its request id, its position and its identity."""
+
+    request_id: int
+    position: int
+
+
+@dataclass(eq=False)
+class _Live:
+    trace: Trace
+    slot: _SimSlot
+    round: int  # index into the trace's rounds (cycled)
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    scheduler: str
+    concurrency: int
+    options: dict[str, Any] = field(default_factory=dict)
+    layout: str = "padded"  # what the target computes: padded (this engine) or packed
+    block_size: int = 7
+
+
+def simulate(traces: Sequence[Trace], spec: SimSpec, profile: Profile, overhead: tuple[float, float] = (0.0, 0.0),
+             n_requests: int | None = None) -> dict[str, Any]:
+    """Replay ``n_requests`` (default: every trace once; more cycle through the traces with shifted starting
+    rounds) at ``spec.concurrency`` and return the sweep-row metrics, labelled simulated."""
+    n = n_requests or len(traces)
+    queue = deque(_Live(traces[i % len(traces)], _SimSlot(i, traces[i % len(traces)].prompt_len),
+                        (7 * (i // len(traces))) % len(traces[i % len(traces)].verified)) for i in range(n))
+    scheduler = create_scheduler(spec.scheduler, **_options(spec, profile))
+    live: list[_Live] = []
+    done: list[_Live] = []
+    totals = np.zeros(5)  # rounds, committed, verified, accepted, seconds
+    while queue or live:
+        while queue and len(live) < spec.concurrency:
+            live.append(queue.popleft())
+        totals += _step(live, scheduler, spec, profile, overhead)
+        done += [item for item in live if item.tokens >= item.trace.tokens]
+        live = [item for item in live if item.tokens < item.trace.tokens]
+    return _row(spec, totals, done)
+
+
+def _options(spec: SimSpec, profile: Profile) -> dict[str, Any]:
+    """The scheduler's own options plus, where it takes them, the simulated profile and layout."""
+    opts = dict(spec.options)
+    cls = scheduler_class(spec.scheduler)
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    for key, value in (("profile", profile), ("layout", spec.layout)):
+        if key in names:
+            opts.setdefault(key, value)
+    return opts
+
+
+def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhead) -> np.ndarray:
+    """One simulated engine round; returns [1 round per request, committed, verified, accepted, seconds]."""
+    # 1. the recorded round of each request, as a proposal
+    idx = [item.round % len(item.trace.verified) for item in live]
+    lengths = torch.tensor([item.trace.verified[i] for item, i in zip(live, idx, strict=True)], dtype=torch.long)
+    width = int(lengths.max()) if len(live) else 0
+    conf = None
+    if all(item.trace.confidence is not None for item in live):
+        conf = torch.zeros(len(live), width, dtype=torch.float64)
+        for r, (item, i) in enumerate(zip(live, idx, strict=True)):
+            conf[r, : lengths[r]] = torch.tensor(item.trace.confidence[i], dtype=torch.float64)
+    proposal = Proposal(torch.zeros(len(live), width, dtype=torch.long), lengths, None, conf)
+    ctx = DraftContext(None, 1.0, spec.block_size, [item.slot for item in live])
+    # 2. schedule (capped by each request's remaining budget, as the engine does) and clock
+    chosen = scheduler.decide(proposal, ctx).tolist()
+    ver = [min(c, item.trace.tokens - item.tokens - 1) for c, item in zip(chosen, live, strict=True)]
+    ver = [max(v, 0) for v in ver]
+    rows = len(live)
+    batch = rows * (1 + max(ver)) if spec.layout == "padded" else rows + sum(ver)
+    context = float(np.mean([item.slot.position for item in live]))
+    seconds = overhead[0] + overhead[1] * rows + 1.0 / float(profile.sps(batch, context))
+    # 3. accept and commit
+    acc = [min(item.trace.accepted[i], v) for item, i, v in zip(live, idx, ver, strict=True)]
+    for item, a in zip(live, acc, strict=True):
+        item.tokens += a + 1
+        item.slot.position += a + 1
+        item.round += 1
+        item.seconds += seconds
+    return np.array([rows, sum(acc) + rows, sum(ver), sum(acc), seconds])
+
+
+def _row(spec: SimSpec, totals: np.ndarray, done: list[_Live]) -> dict[str, Any]:
+    rounds, committed, verified, accepted, seconds = totals
+    tokens = sum(min(item.tokens, item.trace.tokens) for item in done)
+    per_request = tokens / sum(item.seconds for item in done) if done else None
+    return {"simulated": True, "scheduler": spec.scheduler, "concurrency": spec.concurrency,
+            "options": spec.options, "layout": spec.layout,
+            "aggregate_tokens_per_s": tokens / seconds if seconds else None, "per_request_tps": per_request,
+            "mean_verify_budget": 1 + verified / rounds if rounds else None,
+            "waste": (verified - accepted) / verified if verified else None,
+            "tau": committed / rounds if rounds else None, "n_requests": len(done)}
+
+
+# ---- projection and validation --------------------------------------------------------------------------------
+def project(traces: Sequence[Trace], profile: Profile, cells: Sequence[tuple[str, dict]], concurrency: Sequence[int],
+            layout: str = "padded", overhead: tuple[float, float] = (0.0, 0.0), block_size: int = 7) -> list[dict]:
+    """Every (scheduler, options) at every concurrency, with max(len(traces), 2 N) requests per level."""
+    rows = []
+    for conc in concurrency:
+        for name, options in cells:
+            spec = SimSpec(name, conc, dict(options), layout, block_size)
+            rows.append(simulate(traces, spec, profile, overhead, max(len(traces), 2 * conc)))
+    return rows
+
+
+def verify_model_error(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> dict:
+    """Recorded verify_s of each engine round vs 1 / SPS(B): rounds are rebuilt by grouping requests' rounds
+    with identical timing rows (one engine round shares one timing row). Median and mean |relative error|."""
+    groups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)  # timing row -> [(verified, context)]
+    for rec in records:
+        context = rec.prompt_len + 1
+        for (_, ver, _, com), t in zip(rec.rounds, rec.timings, strict=True):
+            groups[tuple(t)].append((ver, context))
+            context += com
+    errors = []
+    for timing, members in groups.items():
+        ver = [v for v, _ in members]
+        batch = len(ver) * (1 + max(ver)) if layout == "padded" else len(ver) + sum(ver)
+        predicted = 1.0 / float(profile.sps(batch, float(np.mean([c for _, c in members]))))
+        errors.append(abs(predicted - timing[1]) / timing[1])
+    if not errors:
+        return {"rounds": 0, "median_abs_rel_error": None, "mean_abs_rel_error": None}
+    return {"rounds": len(errors), "median_abs_rel_error": float(np.median(errors)),
+            "mean_abs_rel_error": float(np.mean(errors))}
+
+
+_COMPARED = ("aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget", "tau", "waste")
+
+
+def validate(sweep_dir: str | Path, profile: Profile, layout: str = "padded", block_size: int = 7) -> dict:
+    """Simulate every measured sweep cell from the traces of the ``fixed`` cell of the same drafter and
+    concurrency (and that cell's overhead fit) and report relative errors against the measurement."""
+    sweep_dir = Path(sweep_dir)
+    rows = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))["rows"]
+    out = []
+    for row in rows:
+        base = next((b for b in rows if b["label"] == "fixed" and b["drafter"] == row["drafter"]
+                     and b["concurrency"] == row["concurrency"]), None)
+        if base is None:
+            continue
+        records = read_cell(sweep_dir / base["folder"])
+        spec = SimSpec(row["scheduler"], row["concurrency"], dict(row["options"]), layout, block_size)
+        sim = simulate(traces_from_records(records), spec, profile, fit_overhead(records))
+        err = {k: _rel(sim[k], row[k]) for k in _COMPARED}
+        out.append({"drafter": row["drafter"], "label": row["label"], "concurrency": row["concurrency"],
+                    "measured": {k: row[k] for k in _COMPARED}, "simulated": {k: sim[k] for k in _COMPARED},
+                    "rel_error": err})
+    return {"rows": out, "mean_abs_rel_error": mean_abs_errors(out)}
+
+
+def mean_abs_errors(rows: Sequence[dict]) -> dict[str, float | None]:
+    return {k: _mean_abs([r["rel_error"][k] for r in rows]) for k in _COMPARED}
+
+
+def _rel(sim: float | None, measured: float | None) -> float | None:
+    return None if sim is None or not measured else (sim - measured) / measured
+
+
+def _mean_abs(values: Sequence[float | None]) -> float | None:
+    vals = [abs(v) for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None

@@ -1,0 +1,344 @@
+"""Experiments through the one engine: the concurrency x scheduler sweep, the static-threshold sweep (paper
+Figure 5) and calibration rounds from held-out prompts. Every cell is a normal run folder written by
+:class:`~dspark_bench.runner.Run`; ``sweep.json`` rows are computed from those records.
+
+Row fields (pooled over the cell's requests; acceptance metrics from :mod:`dspark_bench.metrics`):
+
+* ``aggregate_tokens_per_s`` (:func:`aggregate_tokens_per_s`), ``per_request_tps`` = ``metrics.tokens_per_s``;
+* ``mean_verify_budget`` = 1 + ``mean_verified`` (tokens per request per step the target verifies, anchor
+  included: MTP-1 is 2); ``waste``, ``tau``, ``acceptance_rate`` from ``metrics.acceptance``;
+* Figure 5: ``accepted_per_step``, ``rejected_per_step`` and ``verified_acceptance_rate`` (:func:`figure5`).
+
+**Held-out prompts** for calibration, two sources: :func:`heldout_prompts` (default), per dataset of the suite
+the prompts that follow the first ``eval_limit`` of that dataset's seeded shuffle, disjoint from the evaluation
+prompts of every run with ``--limit <= eval_limit`` and the same seed (checked by prompt id), so calibration
+sees the evaluation distribution; or :func:`generated_prompts`, the training prompt generator under a seed the
+trainer did not use (no evaluation text, no training text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark_bench import drafters as drafter_registry
+from dspark_bench.calibration import calibration_report, fit_sts, rounds_from_records, save_calibration
+from dspark_bench.drafters.base import DraftContext, Proposal
+from dspark_bench.drafters.ngram import NgramDrafter, lookup
+from dspark_bench.engine import Engine, EngineConfig
+from dspark_bench.metrics import acceptance, count_rounds, decode_tokens, tokens_per_s
+from dspark_bench.results import RequestRecord, read_records, write_json
+from dspark_bench.runner import Run, RunSpec
+from dspark_bench.schedulers import create_scheduler, scheduler_class
+from dspark_bench.suites import Prompt, load_suite
+from dspark_bench.target import Target
+
+log = logging.getLogger(__name__)
+SWEEP_JSON = "sweep.json"
+
+
+# ---- metrics (to move to metrics.py) -------------------------------------------------------------------------
+def aggregate_tokens_per_s(records: Sequence[RequestRecord]) -> float | None:
+    """Aggregate decode throughput = sum(decode tokens) / decode wall time, where a round's wall time
+    (draft_s + verify_s + other_s) is shared by the ``batch`` requests in it, so the wall time is
+    sum_records sum_rounds (draft_s + verify_s + other_s) / batch. Prefill (TTFT) time is excluded."""
+    wall = 0.0
+    for rec in records:
+        batches = rec.batch or (1,) * len(rec.timings)
+        wall += sum((t[0] + t[1] + t[2]) / b for t, b in zip(rec.timings, batches, strict=True))
+    return sum(decode_tokens(r) for r in records) / wall if wall else None
+
+
+def figure5(records: Sequence[RequestRecord], gamma: int) -> dict[str, float | None]:
+    """Paper Figure 5: accepted_per_step = sum(accepted) / rounds, rejected_per_step = sum(verified -
+    accepted) / rounds, verified_acceptance_rate = sum(accepted) / sum(verified) (= 1 - waste)."""
+    c = count_rounds((x for r in records for x in r.rounds), gamma)
+    return {"accepted_per_step": c.accepted / c.rounds if c.rounds else None,
+            "rejected_per_step": (c.verified - c.accepted) / c.rounds if c.rounds else None,
+            "verified_acceptance_rate": c.accepted / c.verified if c.verified else None}
+
+
+def sweep_row(records: Sequence[RequestRecord], gamma: int) -> dict[str, Any]:
+    ok = [r for r in records if r.ok]
+    acc = acceptance(count_rounds((x for r in ok for x in r.rounds), gamma))
+    budget = None if acc["mean_verified"] is None else 1 + acc["mean_verified"]
+    return {"aggregate_tokens_per_s": aggregate_tokens_per_s(ok), "per_request_tps": tokens_per_s(ok),
+            "mean_verify_budget": budget, "waste": acc["waste"], "tau": acc["tau"],
+            "acceptance_rate": acc["acceptance_rate"], **figure5(ok, gamma),
+            "n_requests": len(records), "n_errors": len(records) - len(ok)}
+
+
+# ---- cells ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepSpec:
+    target: str = "smollm2-135m"
+    drafters: tuple[str, ...] = ("dspark",)
+    schedulers: tuple[str, ...] = ("fixed", "threshold", "hardware-aware", "async")  # NAME or NAME[KEY=VALUE,...]
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    scheduler_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    drafter_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    fixed_lengths: tuple[int, ...] = ()  # extra cells: fixed with at most L verified tokens
+    thetas: tuple[float, ...] | None = None  # threshold sweep: one threshold cell per theta instead
+    baselines: tuple[str, ...] = ("mtp",)  # drafters run with `fixed` when registered (MTP-1: 2 tokens)
+    repeats: int = 1  # passes over the prompts (alternating cell order)
+    suite: str = "all"
+    limit: int | None = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    block_size: int = 7
+    seed: int = 980406
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class Cell:
+    drafter: str
+    scheduler: str
+    concurrency: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return self.scheduler + (f"[{opts}]" if opts else "")
+
+    @property
+    def folder(self) -> str:
+        label = re.sub(r"[^A-Za-z0-9.=@-]+", "_", self.label.replace("[", "@").replace("]", ""))
+        return f"{self.drafter}__{label}__c{self.concurrency}"
+
+
+def parse_scheduler(item: str) -> tuple[str, dict[str, str]]:
+    """``name`` or ``name[key=value,...]`` (inline options, so one sweep can hold two variants of a scheduler)."""
+    name, _, rest = item.partition("[")
+    if rest and not rest.endswith("]"):
+        raise ValueError(f"{item!r}: expected NAME or NAME[KEY=VALUE,...]")
+    opts = {}
+    for pair in filter(None, rest[:-1].split(",")):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"{item!r}: option {pair!r} is not KEY=VALUE")
+        opts[key.strip()] = value.strip()
+    return name.strip(), opts
+
+
+def split_schedulers(text: str) -> tuple[str, ...]:
+    """Split a comma list of scheduler items at commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    return tuple(item for item in items if item)
+
+
+def sweep_cells(spec: SweepSpec) -> list[Cell]:
+    """Concurrency outermost, so every concurrency level is finished before the next starts."""
+    cells = []
+    known = set(drafter_registry.names())
+    baselines = [b for b in spec.baselines if b in known and b not in spec.drafters]
+    for conc in spec.concurrency:
+        for drafter in spec.drafters:
+            if spec.thetas is not None:
+                cells += [Cell(drafter, "threshold", conc, {"theta": t}) for t in spec.thetas]
+                continue
+            for item in spec.schedulers:
+                name, inline = parse_scheduler(item)
+                cells.append(Cell(drafter, name, conc, {**spec.scheduler_options.get(name, {}), **inline}))
+            cells += [Cell(drafter, "fixed", conc, {"length": n}) for n in spec.fixed_lengths]
+        cells += [Cell(b, "fixed", conc, {"length": 1}) for b in baselines]
+    return cells
+
+
+def calibration_for(drafter) -> str | None:
+    """The drafter's ``calibration.json``: its config's ``calibration`` field, else one next to its checkpoint."""
+    named = getattr(drafter.config, "calibration", None)
+    if named:
+        return str(named)
+    ckpt = getattr(drafter.config, "checkpoint", None)
+    if ckpt and (Path(ckpt) / "calibration.json").is_file():
+        return str(Path(ckpt) / "calibration.json")
+    return None
+
+
+@dataclass(eq=False)
+class CellRun(Run):
+    """``Run`` with scheduler options (profile, calibration, theta...): drop once RunSpec carries them."""
+
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
+    profile: str | None = None
+    resolved_options: dict[str, Any] = field(default_factory=dict, init=False)
+
+    def _engine(self, name: str) -> Engine:
+        spec = self.spec
+        drafter = drafter_registry.create(name, self.target, spec.drafter_options.get(name))
+        cls, opts = scheduler_class(spec.scheduler), dict(self.scheduler_options)
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        if "profile" in fields and self.profile and "profile" not in opts:
+            opts["profile"] = self.profile
+        if cls.reads_confidence and "calibration" not in opts and calibration_for(drafter):
+            opts["calibration"] = calibration_for(drafter)
+        self.resolved_options = opts
+        config = EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)
+        return Engine(self.target, drafter, config, create_scheduler(spec.scheduler, **opts))
+
+    def _manifest(self, engines: dict[str, Engine]) -> dict:
+        return {**super()._manifest(engines), "scheduler_options": {k: str(v) for k, v in
+                                                                    self.resolved_options.items()}}
+
+
+def run_cell(cell: Cell, spec: SweepSpec, target: Target, prompts: Sequence[Prompt], folder: Path,
+             profile: str | None = None, warmup: bool = True) -> list[RequestRecord]:
+    run_spec = RunSpec(target=spec.target, drafters=(cell.drafter,), drafter_options=spec.drafter_options,
+                       scheduler=cell.scheduler, suite=spec.suite, limit=spec.limit,
+                       max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, block_size=spec.block_size,
+                       seed=spec.seed, dtype=spec.dtype, concurrency=cell.concurrency, warmup=warmup)
+    CellRun(run_spec, target, prompts, folder, scheduler_options=cell.options, profile=profile).execute()
+    return read_records(folder)
+
+
+def read_cell(folder: str | Path) -> list[RequestRecord]:
+    """All records of a sweep cell: one run folder per (repeat, chunk) part."""
+    parts = sorted(p for p in Path(folder).iterdir() if p.is_dir())
+    return [rec for part in parts for rec in read_records(part)]
+
+
+def run_sweep(spec: SweepSpec, target: Target, prompts: Sequence[Prompt], out: str | Path,
+              profile: str | None = None, on_cell: Callable[[dict], None] = lambda row: None) -> dict:
+    """Run every cell on the same prompts and seeds; write and return ``sweep.json``.
+
+    Cells of one concurrency level are interleaved on a shared machine: prompts go in chunks of R (as
+    ``runner.Run`` batches them), every cell runs each chunk in turn, in alternating order (ABBA) across
+    chunks and repeats, so load drift hits every cell alike. Each (repeat, chunk) is one run folder
+    ``cells/<cell>/r<repeat>-p<chunk>``."""
+    out, rows, cells = Path(out), [], sweep_cells(spec)
+    for conc in spec.concurrency:
+        level = [c for c in cells if c.concurrency == conc]
+        records: list[list[RequestRecord]] = [[] for _ in level]
+        chunks = [prompts[i: i + conc] for i in range(0, len(prompts), conc)]
+        for rep in range(spec.repeats):
+            for i, chunk in enumerate(chunks):
+                order = list(enumerate(level))[:: 1 if (rep * len(chunks) + i) % 2 == 0 else -1]
+                for n, cell in order:
+                    folder = out / "cells" / cell.folder / f"r{rep}-p{i:03d}"
+                    records[n] += run_cell(cell, spec, target, chunk, folder, profile, warmup=rep == i == 0)
+        for cell, recs in zip(level, records, strict=True):
+            rows.append({"drafter": cell.drafter, "scheduler": cell.scheduler, "label": cell.label,
+                         "concurrency": cell.concurrency, "options": cell.options,
+                         **sweep_row(recs, spec.block_size), "folder": f"cells/{cell.folder}"})
+            on_cell(rows[-1])
+        result = {"spec": dataclasses.asdict(spec), "profile": profile, "rows": rows,
+                  "comparisons": comparisons(rows)}
+        write_json(out / SWEEP_JSON, result)
+    return result
+
+
+def comparisons(rows: Sequence[dict]) -> list[dict]:
+    """Per drafter and concurrency: each cell's aggregate throughput and waste relative to ``fixed``."""
+    out = []
+    for row in rows:
+        base = next((b for b in rows if b["label"] == "fixed" and b["drafter"] == row["drafter"]
+                     and b["concurrency"] == row["concurrency"]), None)
+        if base is None or row is base or not base["aggregate_tokens_per_s"]:
+            continue
+        out.append({"drafter": row["drafter"], "label": row["label"], "concurrency": row["concurrency"],
+                    "throughput_vs_fixed": (row["aggregate_tokens_per_s"] or 0) / base["aggregate_tokens_per_s"],
+                    "waste": row["waste"], "fixed_waste": base["waste"]})
+    return out
+
+
+# ---- calibration rounds ---------------------------------------------------------------------------------------
+def heldout_prompts(suite: str, n: int, eval_limit: int, seed: int) -> list[Prompt]:
+    """Up to ``n`` prompts per dataset after the first ``eval_limit`` of its seeded shuffle (module docstring)."""
+    if n < 1 or eval_limit < 1:
+        raise ValueError(f"need n >= 1 and eval_limit >= 1, got {n}, {eval_limit}")
+    evaluation = {(p.dataset, p.prompt_id) for p in load_suite(suite, eval_limit, seed)}
+    held = [p for p in load_suite(suite, eval_limit + n, seed) if (p.dataset, p.prompt_id) not in evaluation]
+    if not held:
+        raise ValueError(f"suite {suite!r} has no prompts beyond the first {eval_limit} per dataset to hold out")
+    return held
+
+
+def generated_prompts(n: int, seed: int, suite: str, eval_limit: int | None, eval_seed: int, train_n: int = 4000,
+                      train_seed: int = 0) -> list[Prompt]:
+    """``n`` prompts from the training prompt generator (``dspark_bench.train.prompts``) under ``seed``, none
+    colliding with the suite's evaluation prompts and none equal to a training prompt (``train_n`` prompts
+    under ``train_seed``, the trainer's defaults). Datasets ``gen-<domain>``."""
+    from dspark_bench.train.prompts import build_prompts
+
+    if seed == train_seed:
+        raise ValueError(f"seed {seed} is the training seed: calibration prompts must be held out from training")
+    training = {t.text for t in build_prompts(train_n, train_seed)}
+    candidates = build_prompts(2 * n, seed, exclude=[p.text for p in load_suite(suite, eval_limit, eval_seed)])
+    kept = [t for t in candidates if t.text not in training][:n]
+    return [Prompt(f"gen-{t.domain}", t.domain, t.id, i, t.text) for i, t in enumerate(kept)]
+
+
+def calibrate(spec: SweepSpec, drafter: str, target: Target, prompts: Sequence[Prompt], out: str | Path,
+              concurrency: int = 1) -> dict:
+    """Record fixed-length rounds of ``drafter`` on held-out ``prompts`` (run folder ``out/rounds``), fit STS
+    and write ``out/calibration.json``."""
+    out = Path(out)
+    records = run_cell(Cell(drafter, "fixed", concurrency), spec, target, prompts, out / "rounds")
+    return calibrate_records(records, out / "calibration.json",
+                             {"drafter": drafter, "rounds": str(out / "rounds"), "prompts": len(prompts)})
+
+
+def calibrate_records(records: Sequence[RequestRecord], path: str | Path, source: dict) -> dict:
+    rounds = rounds_from_records(records)
+    if rounds.confidence.shape[0] == 0:
+        raise ValueError("no recorded round carries confidences: the drafter predicts none")
+    report = calibration_report(rounds, fit_sts(rounds), source)
+    save_calibration(report, path)
+    return report
+
+
+# ---- a model-free drafter with confidences (to move to drafters/ngram_conf.py) -----------------------------------
+def agreement_confidence(tokens: Sequence[int], n: int, draft: Sequence[int]) -> list[float]:
+    """c_k for a prompt-lookup draft continuing the last ``n`` tokens: among earlier occurrences of that suffix
+    whose continuation agreed with x_1..x_{k-1} and reaches offset k, the share continuing with x_k, shrunk
+    towards 0 by one pseudo-miss: c_k = agree_k / (matches_k + 1). Depends on x_1..x_{k-1} only (Markov)."""
+    size, suffix = len(tokens), list(tokens[len(tokens) - n:])
+    alive = [s + n for s in range(size - n) if list(tokens[s:s + n]) == suffix]  # continuation starts
+    out = []
+    for k, x in enumerate(draft):
+        reach = [c for c in alive if c + k < size]
+        agree = [c for c in reach if tokens[c + k] == x]
+        out.append(len(agree) / (len(reach) + 1))
+        alive = agree
+    return out
+
+
+@drafter_registry.register("ngram-conf")
+class ConfidentNgram(NgramDrafter):
+    """Prompt lookup (as ``ngram``) that also predicts conditional confidences (:func:`agreement_confidence`),
+    so confidence schedulers can run without a trained model."""
+
+    @dataclass(frozen=True)
+    class Config(NgramDrafter.Config):
+        calibration: str | None = None  # calibration.json for the schedulers that read confidences
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        base = super().propose(ctx)
+        conf = torch.zeros(base.tokens.shape, dtype=torch.float32)
+        for r, slot in enumerate(ctx.slots):
+            n_draft = int(base.lengths[r])
+            if n_draft:
+                n = self._match_length(slot.tokens, base.tokens[r, :n_draft].tolist())
+                conf[r, :n_draft] = torch.tensor(agreement_confidence(slot.tokens, n, base.tokens[r, :n_draft].tolist()))
+        return Proposal(base.tokens, base.lengths, base.q, conf)
+
+    def _match_length(self, tokens: Sequence[int], draft: Sequence[int]) -> int:
+        """The suffix length whose most recent earlier match produced ``draft`` (as ``ngram.lookup`` chose)."""
+        for n in range(min(self.config.max_ngram, len(tokens) - 1), self.config.min_ngram - 1, -1):
+            if lookup(tokens, n, n, len(draft)) == list(draft):
+                return n
+        return self.config.min_ngram

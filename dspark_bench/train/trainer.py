@@ -1,0 +1,247 @@
+"""The one trainer for every drafter: AdamW, warm-up + cosine, clipping, checkpoints, exact resume.
+
+Recipe (reference section 1.7): AdamW with beta (0.9, 0.999), eps 1e-8, weight decay 0; the learning rate rises
+linearly over the warm-up steps (default 4% of the steps) and then follows a cosine to 0 (:func:`lr_factor`);
+gradients are clipped to global norm 1.0; fp32 master weights, with bf16 autocast on CUDA.
+
+Determinism. The sequences of step s are a pure function of (seed, s) (:func:`batch_indices`: epoch e uses
+``randperm(N, seed + e)``, cut into ``N // batch_size`` batches), and anchors come from one CPU
+``torch.Generator`` seeded with ``seed``. A checkpoint stores the model (the drafter's own format, loadable by
+the engine), the optimizer, scheduler and generator states and the step, so ``resume`` continues bit-exactly
+where the last checkpoint left off (on the same device).
+
+Output folder: ``train_config.json`` (checked on resume), ``train_log.jsonl`` (one line per step),
+``checkpoints/step-NNNNNN/`` (``config.json``, ``model.safetensors``, ``training_state.pt``; the last
+``keep_checkpoints`` are kept) and ``final/`` (the trained drafter).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dspark_bench.train.methods import Method, MethodOptions
+
+if TYPE_CHECKING:
+    from dspark_bench.train.data import TrainSequence
+    from dspark_bench.train.types import TrainBatch
+
+FeatureSource = Callable[[Sequence["TrainSequence"]], "TrainBatch"]
+STATE = "training_state.pt"
+
+
+class TrainError(ValueError):
+    """Bad training settings, or an output folder that does not fit them."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: str
+    steps: int = 1000
+    batch_size: int = 8
+    micro_batch: int | None = None  # sequences per forward (gradient accumulation); None = batch_size
+    lr: float = 6e-4
+    warmup: int | None = None  # warm-up steps; None = round(4% of steps)
+    save_every: int = 500
+    keep_checkpoints: int = 2
+    seed: int = 42
+    options: MethodOptions = field(default_factory=MethodOptions)
+    data: dict[str, Any] = field(default_factory=dict)  # provenance: data folder, its manifest hash, features
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.save_every < 1 or not self.lr > 0:
+            raise TrainError(f"steps, batch_size and save_every must be >= 1 and lr > 0 (got {self.steps}, "
+                             f"{self.batch_size}, {self.save_every}, {self.lr})")
+        if self.micro_batch is not None and not 1 <= self.micro_batch <= self.batch_size:
+            raise TrainError(f"micro_batch must be within 1..batch_size, got {self.micro_batch}")
+        if self.warmup is not None and not 0 <= self.warmup < self.steps:
+            raise TrainError(f"warmup must be within 0..steps-1, got {self.warmup}")
+
+    @property
+    def warmup_steps(self) -> int:
+        return round(0.04 * self.steps) if self.warmup is None else self.warmup
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step, as logged. acceptance: per-position analytic acceptance alpha*_k; tau: the
+    expected accepted length 1 + sum_k prod_{j<=k} alpha*_j implied by it."""
+
+    step: int  # steps done (1-based)
+    lr: float
+    loss: float
+    terms: dict[str, float]
+    acceptance: list[float]
+    tau: float
+    grad_norm: float
+    tokens: int  # real tokens in the batch
+    tokens_per_s: float
+    seconds: float
+
+
+# ---- pure parts ------------------------------------------------------------------------------------------------
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Multiplier of the peak lr at 0-based optimizer step ``step``: (step+1)/warmup during warm-up, then a
+    cosine from 1 at step ``warmup`` to 0 at step ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def batch_indices(step: int, n: int, batch_size: int, seed: int) -> list[int]:
+    """Sequence indices of 0-based step ``step``: epoch e = step // (n // batch_size) reads randperm(n, seed+e)."""
+    per_epoch = n // batch_size
+    if per_epoch < 1:
+        raise TrainError(f"batch size {batch_size} is larger than the {n} training sequences")
+    epoch, k = divmod(step, per_epoch)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+    return order[k * batch_size : (k + 1) * batch_size].tolist()
+
+
+def expected_length(acceptance: Sequence[float]) -> float:
+    tau, survive = 1.0, 1.0
+    for a in acceptance:
+        survive *= a
+        tau += survive
+    return tau
+
+
+# ---- the trainer -----------------------------------------------------------------------------------------------
+class Trainer:
+    """Trains ``method``'s module for ``target`` on ``sequences`` with features from ``features``."""
+
+    def __init__(self, config: TrainConfig, method: Method, target, sequences: Sequence[TrainSequence],
+                 features: FeatureSource, out: str | Path):
+        self.config, self.method, self.target = config, method, target
+        self.sequences, self.features, self.out = list(sequences), features, Path(out)
+        self.device = target.device
+        self.module = method.build(target, config.options)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        warm = config.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, config.steps, warm))
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.step = 0
+
+    # ---- one step ----------------------------------------------------------------------------------------------
+    def train_step(self) -> StepRecord:
+        """1. the step's sequences; 2. per micro-batch: features, loss, backward; 3. clip, AdamW, schedule."""
+        t0 = time.perf_counter()
+        c = self.config
+        seqs = [self.sequences[i] for i in batch_indices(self.step, len(self.sequences), c.batch_size, c.seed)]
+        size = c.micro_batch or c.batch_size
+        chunks = [seqs[i : i + size] for i in range(0, len(seqs), size)]
+        outs, tokens = [], 0
+        lr = self.optimizer.param_groups[0]["lr"]
+        for chunk in chunks:
+            batch = self.features(chunk)
+            tokens += int(batch.attention.sum())
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+                out = self.module.loss(batch, self.generator, **self.method.loss_kwargs(c.options))
+            (out.loss / len(chunks)).backward()
+            outs.append(out)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, 1.0))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return self._record(outs, lr, norm, tokens, time.perf_counter() - t0)
+
+    def _record(self, outs, lr: float, norm: float, tokens: int, seconds: float) -> StepRecord:
+        terms = {k: sum(o.terms[k] for o in outs) / len(outs) for k in outs[0].terms}
+        accept = torch.stack([o.acceptance.detach().float().cpu() for o in outs]).mean(0).tolist()
+        loss = sum(float(o.loss.detach()) for o in outs) / len(outs)
+        return StepRecord(self.step, lr, loss, terms, accept, expected_length(accept), norm, tokens,
+                          tokens / max(seconds, 1e-9), seconds)
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.out / "checkpoints" / f"step-{step:06d}"
+
+    def save_checkpoint(self) -> Path:
+        """The drafter checkpoint, then ``training_state.pt`` (atomically: a folder without it is ignored)."""
+        folder = self.method.save(self.module, self.checkpoint_dir(self.step))
+        state = {"step": self.step, "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(),
+                 "config": json.loads(config_json(self.config))}
+        torch.save(state, folder / (STATE + ".tmp"))
+        os.replace(folder / (STATE + ".tmp"), folder / STATE)
+        for old in completed_checkpoints(self.out)[: -self.config.keep_checkpoints]:
+            shutil.rmtree(old)
+        return folder
+
+    def restore(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        state = torch.load(folder / STATE, map_location="cpu", weights_only=False)
+        weights = load_file(str(folder / "model.safetensors"))
+        self.module.load_state_dict({k: v.to(self.device) for k, v in weights.items()}, strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self.step = int(state["step"])
+
+
+def config_json(config: TrainConfig) -> str:
+    return json.dumps(asdict(config), sort_keys=True)
+
+
+def completed_checkpoints(out: Path) -> list[Path]:
+    """Checkpoint folders holding a training state, oldest first."""
+    return sorted(p.parent for p in (Path(out) / "checkpoints").glob(f"step-*/{STATE}"))
+
+
+def _prepare(out: Path, config: TrainConfig, resume: bool) -> Path | None:
+    """Write (or, on resume, check) ``train_config.json``; returns the checkpoint to resume from, if any."""
+    path, text = out / "train_config.json", config_json(config)
+    if path.exists() and not resume:
+        raise TrainError(f"{out} already holds a training run; pass --resume to continue it, or use a new --out")
+    if path.exists():
+        have, want = json.loads(path.read_text()), json.loads(text)
+        diff = sorted(k for k in want if have.get(k) != want[k])
+        if diff:
+            raise TrainError(f"cannot resume {out}: settings differ in {', '.join(diff)} "
+                             f"(recorded {json.dumps({k: have.get(k) for k in diff})})")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    done = completed_checkpoints(out)
+    return done[-1] if done and resume else None
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Keep the log lines of steps <= ``step`` (those after the resumed checkpoint are redone)."""
+    if path.exists():
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        path.write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= step))
+
+
+def train(config: TrainConfig, method: Method, target, sequences: Sequence[TrainSequence], features: FeatureSource,
+          out: str | Path, resume: bool = False, on_step: Callable[[StepRecord], None] | None = None) -> Path:
+    """Run (or resume) training to ``config.steps``; returns the folder of the final drafter checkpoint."""
+    out = Path(out)
+    start = _prepare(out, config, resume)
+    trainer = Trainer(config, method, target, sequences, features, out)
+    if start is not None:
+        trainer.restore(start)
+    _truncate_log(out / "train_log.jsonl", trainer.step)
+    with (out / "train_log.jsonl").open("a") as log:
+        while trainer.step < config.steps:
+            record = trainer.train_step()
+            log.write(json.dumps(asdict(record)) + "\n")
+            log.flush()
+            if record.step % config.save_every == 0 or record.step == config.steps:
+                trainer.save_checkpoint()
+            if on_step:
+                on_step(record)
+    return method.save(trainer.module, out / "final")

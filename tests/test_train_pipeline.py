@@ -1,0 +1,244 @@
+"""Training pipeline: prompts, regeneration, tokenised sequences, feature cache, LR schedule, trainer + resume."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_target
+from torch import nn
+
+from dspark_bench.train import data, features, methods, prompts, trainer
+from dspark_bench.train.types import LossOutput
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run faster on one thread, and much faster on a CPU shared with other jobs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("llama")
+
+
+def sequences(n: int, seed: int = 0, lo: int = 24, hi: int = 40) -> list[data.TrainSequence]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        ids = torch.randint(3, 96, (length,), generator=g).tolist()
+        out.append(data.TrainSequence(f"s{i:03d}", tuple(ids), int(torch.randint(4, 10, (1,), generator=g))))
+    return out
+
+
+# ---- prompts ------------------------------------------------------------------------------------------------
+def test_prompts_are_disjoint_from_every_eval_prompt():
+    from dspark_bench.suites import load_suite
+
+    evals = [p.text for p in load_suite("all", limit=None)]
+    items = prompts.build_prompts(4000, seed=0)  # built without the guard: disjoint by construction
+    texts = [p.text for p in items]
+    assert len(set(texts)) == len(texts) == 4000 and len({p.id for p in items}) == 4000
+    assert not set(texts) & set(evals)
+    assert not {prompts.normalise(t) for t in texts} & {prompts.normalise(t) for t in evals}
+    heads = {e[: prompts.HEAD_CHARS] for e in evals}
+    assert not [(h, t) for h in heads for t in texts if h in t]
+    counts = {d: sum(p.domain == d for p in items) for d in ("math", "code", "chat")}
+    assert counts == {"math": 1600, "code": 1600, "chat": 800}
+
+
+def test_prompts_are_seeded_and_the_guard_rejects_collisions():
+    a, b = prompts.build_prompts(300, seed=3), prompts.build_prompts(300, seed=3)
+    assert a == b and a != prompts.build_prompts(300, seed=4)
+    planted = a[0].text[:70]  # an "eval prompt" whose head appears in a training prompt
+    guarded = prompts.build_prompts(300, seed=3, exclude=[planted])
+    assert a[0].text not in {p.text for p in guarded} and len(guarded) == 300
+
+
+# ---- regeneration and sequences -----------------------------------------------------------------------------
+def render(text: str) -> list[int]:
+    return [3 + ord(c) % 90 for c in text[:12]]
+
+
+def test_generation_resumes_to_the_same_file(target, tmp_path):
+    items = prompts.build_prompts(10, seed=1)
+    spec = data.GenerationSpec("tiny", n=10, seed=5, max_new_tokens=10, batch_size=3, shard_size=4, dtype="fp32")
+    whole = tmp_path / "whole"
+    assert data.generate(target, items, whole, spec, render=render) == 10
+    parts = tmp_path / "parts"
+    assert data.generate(target, items, parts, spec, render=render, max_shards=1) == 4
+    with (parts / data.RESPONSES).open("a") as fh:  # a crash in the middle of the next shard
+        fh.write(json.dumps({"id": "x", "shard": 1}) + "\n" + '{"id": "torn')
+    assert data.generate(target, items, parts, spec, render=render) == 10
+    assert (parts / data.RESPONSES).read_text() == (whole / data.RESPONSES).read_text()
+    rows = data.read_rows(whole)
+    assert [r["id"] for r in rows] == [p.id for p in items]
+    assert all(r["finish_reason"] in ("stop", "length") and 2 not in r["response_ids"] for r in rows)
+    with pytest.raises(data.DataError, match="other settings"):
+        data.generate(target, items, whole, replace(spec, temperature=0.9), render=render)
+
+
+def test_loss_mask_covers_exactly_the_response():
+    row = {"id": "a", "domain": "chat", "prompt": "hi", "prompt_ids": [1, 5, 6, 7], "response_ids": list(range(10, 30)),
+           "finish_reason": "stop", "stop_id": 2, "shard": 0}
+    seq = data.training_sequence(row, max_length=100)
+    assert seq.input_ids == (1, 5, 6, 7, *range(10, 30), 2)
+    assert seq.loss_mask() == [False] * 4 + [True] * 21 and seq.loss_tokens == 21
+    cut = data.training_sequence({**row, "finish_reason": "length", "stop_id": None}, max_length=10)
+    assert cut.input_ids == (1, 5, 6, 7, *range(10, 16)) and cut.loss_start == 4
+
+
+def test_short_samples_are_dropped_and_sequences_end_with_the_stop_token(target, tmp_path):
+    items = prompts.build_prompts(12, seed=2)
+    spec = data.GenerationSpec("tiny", n=12, max_new_tokens=16, batch_size=4, shard_size=4, dtype="fp32")
+    data.generate(target, items, tmp_path, spec, render=render)
+    rows = {r["id"]: r for r in data.read_rows(tmp_path)}
+    loss_tokens = {i: len(r["response_ids"]) + (r["finish_reason"] == "stop") for i, r in rows.items()}
+    kept = data.load_sequences(tmp_path, min_loss_tokens=14)
+    assert {s.id for s in kept} == {i for i, n in loss_tokens.items() if n >= 14}
+    assert 0 < len(kept) < len(rows)  # this seed has both
+    for seq in kept:
+        row = rows[seq.id]
+        assert list(seq.input_ids[: seq.loss_start]) == row["prompt_ids"]
+        stop = [row["stop_id"]] if row["finish_reason"] == "stop" else []
+        assert list(seq.input_ids[seq.loss_start :]) == row["response_ids"] + stop
+
+
+# ---- features -------------------------------------------------------------------------------------------------
+def test_feature_cache_round_trip_and_mismatches(target, tmp_path):
+    seqs = sequences(5)
+    manifest = features.write_cache(target, seqs, (1, 3), tmp_path, batch_size=2, shard_tokens=60)
+    assert len(manifest["shards"]) > 1 and manifest["tokens"] == sum(len(s.input_ids) for s in seqs)
+    assert manifest["bytes_per_token"] == (2 + 1) * 64 * 2 + 4
+    cached = features.FeatureCache(tmp_path, target, (3,))(seqs[1:4])
+    online = features.OnlineFeatures(target, (3,))(seqs[1:4])
+    real = online.attention
+    assert torch.equal(cached.input_ids, online.input_ids) and torch.equal(cached.loss_mask, online.loss_mask)
+    assert torch.equal(cached.layers[real], online.layers[real].to(torch.bfloat16))
+    assert torch.equal(cached.final[real], online.final[real].to(torch.bfloat16))
+    with pytest.raises(features.FeatureCacheError, match="missing"):
+        features.FeatureCache(tmp_path, target, (1, 2))
+    with pytest.raises(features.FeatureCacheError, match="target"):
+        features.FeatureCache(tmp_path, tiny_target("llama", seed=1), (1,))
+    stale = data.TrainSequence(seqs[0].id, (5,) * len(seqs[0].input_ids), 3)
+    with pytest.raises(features.FeatureCacheError, match="stale"):
+        features.FeatureCache(tmp_path, target, (1,))([stale])
+
+
+# ---- schedule and data order ----------------------------------------------------------------------------------
+def test_lr_schedule_values():
+    f = trainer.lr_factor
+    assert [f(s, 100, 4) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4, 100, 4) == 1.0 and f(52, 100, 4) == pytest.approx(0.5) and f(100, 100, 4) == pytest.approx(0.0)
+    after = [f(s, 100, 4) for s in range(4, 100)]
+    assert all(a > b for a, b in zip(after, after[1:], strict=False)) and after[-1] > 0
+    assert trainer.TrainConfig("dspark", steps=250).warmup_steps == 10
+    assert f(0, 10, 0) == 1.0
+
+
+def test_batch_order_is_a_seeded_permutation_per_epoch():
+    steps = [trainer.batch_indices(s, 10, 3, seed=7) for s in range(6)]
+    assert steps == [trainer.batch_indices(s, 10, 3, seed=7) for s in range(6)]
+    first, second = sum(steps[:3], []), sum(steps[3:], [])
+    assert len(set(first)) == 9 and len(set(second)) == 9 and first != second
+
+
+# ---- trainer ----------------------------------------------------------------------------------------------------
+class StandIn(nn.Module):
+    """A tiny trainable module with the drafter loss contract; its loss draws from the generator."""
+
+    def __init__(self, target):
+        super().__init__()
+        self.target = target
+        self.proj = nn.Linear(target.hidden_size, target.hidden_size)
+
+    def loss(self, batch, generator: torch.Generator, keep: float = 0.7) -> LossOutput:
+        drop = torch.rand(batch.input_ids.shape, generator=generator) >= keep
+        mask = (batch.loss_mask & ~drop.to(batch.loss_mask.device))[:, 1:].float()
+        logits = self.target.lm_head(self.proj(batch.layers[:, :, 0].float()))[:, :-1]
+        ce = F.cross_entropy(logits.transpose(1, 2), batch.input_ids[:, 1:], reduction="none")
+        loss = (ce * mask).sum() / mask.sum()
+        q = torch.softmax(logits, -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+        accept = torch.stack([(q * mask).sum() / mask.sum(), (q * q * mask).sum() / mask.sum()]).detach()
+        return LossOutput(loss, {"ce": float(loss.detach())}, accept)
+
+
+def standin_method() -> methods.Method:
+    from dspark_bench.drafters import checkpoint
+
+    def build(target, options):
+        module, g = StandIn(target), torch.Generator().manual_seed(options.seed)
+        with torch.no_grad():
+            module.proj.weight.copy_(torch.randn(module.proj.weight.shape, generator=g) * 0.05)
+            module.proj.bias.zero_()
+        return module.to(target.device)
+
+    def save(module, folder):
+        fp = checkpoint.TargetFingerprint.of(module.target)
+        return checkpoint.save(folder, "standin", {}, module.state_dict(), fp)
+
+    return methods.Method("standin", ("seed",), build, lambda t, o: (2,), lambda o: {"keep": 0.7}, save)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def _stop_at(step: int):
+    def on_step(record):
+        if record.step == step:
+            raise Interrupt
+
+    return on_step
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_resume_is_bit_exact(target, tmp_path):
+    seqs, m = sequences(7), standin_method()
+    config = trainer.TrainConfig("standin", steps=6, batch_size=3, save_every=3, lr=1e-2, warmup=2)
+    source = features.OnlineFeatures(target, (2,))
+    final = trainer.train(config, m, target, seqs, source, tmp_path / "a")
+    with pytest.raises(Interrupt):
+        trainer.train(config, m, target, seqs, source, tmp_path / "b", on_step=_stop_at(4))
+    with pytest.raises(trainer.TrainError, match="--resume"):
+        trainer.train(config, m, target, seqs, source, tmp_path / "b")
+    with pytest.raises(trainer.TrainError, match="lr"):
+        trainer.train(replace(config, lr=1.0), m, target, seqs, source, tmp_path / "b", resume=True)
+    resumed = trainer.train(config, m, target, seqs, source, tmp_path / "b", resume=True)
+    a, b = _weights(final), _weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    logs = [[json.loads(line) for line in (tmp_path / d / "train_log.jsonl").read_text().splitlines()] for d in "ab"]
+    assert [r["step"] for r in logs[1]] == list(range(1, 7))
+    assert [(r["loss"], r["lr"]) for r in logs[0]] == [(r["loss"], r["lr"]) for r in logs[1]]
+    assert [p.name for p in trainer.completed_checkpoints(tmp_path / "b")] == ["step-000003", "step-000006"]
+
+
+@pytest.mark.parametrize("name", ["dspark", "dflash", "eagle3", "mtp"])
+def test_each_method_lowers_its_loss(target, tmp_path, name):
+    from dspark_bench.drafters import registry
+
+    m = methods.method(name)
+    options = methods.MethodOptions(num_anchors=16, markov_rank=16)
+    seqs = sequences(4, seed=1)
+    config = trainer.TrainConfig(name, steps=12, batch_size=4, lr=3e-3, warmup=1, save_every=100, options=options)
+    records = []
+    final = trainer.train(config, m, target, seqs, features.OnlineFeatures(target, m.taps(target, options)),
+                          tmp_path, on_step=records.append)
+    losses = [r.loss for r in records]
+    assert sum(losses[-3:]) < sum(losses[:3]), losses
+    assert all(0 <= a <= 1 for r in records for a in r.acceptance)
+    drafter = registry.create(name, target, {"checkpoint": str(final)})  # loadable by the engine's drafter
+    assert drafter.feature_layers
