@@ -16,8 +16,9 @@ Timing noise (a shared machine) can make a bigger batch look faster, so the step
 made non-decreasing in B by isotonic regression (pool adjacent violators) before they are stored.
 
 **Interpolation** (:meth:`Profile.sps`): in step time ``t = 1 / SPS``, piecewise linear in B, linear
-extrapolation beyond the largest measured B with the last segment's slope (floored at 0: compute-bound
-growth), the first point's time below the smallest B; linear in context length, clamped to the measured range.
+extrapolation beyond the largest measured B with the slope of the chord from about half the largest B to it
+(floored at 0: compute-bound growth), the first point's time below the smallest B; linear in context length,
+clamped to the measured range.
 """
 
 from __future__ import annotations
@@ -83,11 +84,13 @@ class Profile:
 
 
 def _step_time(b: np.ndarray, grid: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Piecewise-linear step time at b; linear extrapolation (slope >= 0) past the last grid point."""
+    """Piecewise-linear step time at b; past the last grid point, linear with the slope (>= 0) of the chord
+    from the grid point nearest half the largest B to the largest (robust to noise in the last points)."""
     inside = np.interp(b, grid, t)
     if len(grid) < 2:
         return inside
-    slope = max((t[-1] - t[-2]) / (grid[-1] - grid[-2]), 0.0)
+    mid = min(int(np.argmin(np.abs(grid - grid[-1] / 2))), len(grid) - 2)
+    slope = max((t[-1] - t[mid]) / (grid[-1] - grid[mid]), 0.0)
     return np.where(b > grid[-1], t[-1] + slope * (b - grid[-1]), inside)
 
 

@@ -96,7 +96,8 @@ def profile(target, dtype, max_batch_tokens, contexts, width, repeats, out, thre
 @click.option("--fixed-lengths", default="", help="Also run fixed with at most L verified tokens, e.g. 1,2,3.")
 @click.option("--threshold-sweep", is_flag=True, help="Run `threshold` once per --thetas value instead.")
 @click.option("--thetas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", show_default=True)
-@click.option("--baseline", default="mtp", show_default=True, help="Drafters run with fixed length 1, if registered.")
+@click.option("--baseline", default="none,mtp", show_default=True,
+              help="Reference drafters run with `fixed` (none = vanilla; mtp = MTP-1) when they have weights.")
 @click.option("--suite", default="all", show_default=True)
 @click.option("--limit", default="4", show_default=True)
 @click.option("--max-new-tokens", default=64, show_default=True, type=int)
@@ -175,6 +176,7 @@ def _print_rows(rows: list[dict]) -> None:
               help="Hold out only prompts beyond the first N of each dataset (evaluation runs use --limit <= N).")
 @click.option("--records", "records_dir", default=None, help="Fit from this held-out run folder instead.")
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
+@click.option("--temperature", default=1.0, show_default=True, type=float, help="As in the runs it calibrates for.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--block-size", default=7, show_default=True, type=int)
 @click.option("--seed", default=980406, show_default=True, type=int)
@@ -182,7 +184,7 @@ def _print_rows(rows: list[dict]) -> None:
 @_threads_opt
 @_friendly
 def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_limit, records_dir, concurrency,
-              max_new_tokens, block_size, seed, out, threads):
+              temperature, max_new_tokens, block_size, seed, out, threads):
     """Fit Sequential Temperature Scaling on held-out rounds; write calibration.json with before/after ECE,
     AUROC, Brier and reliability bins per position."""
     from dspark_bench.results import read_records
@@ -196,8 +198,8 @@ def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_
                                    {"drafter": drafter, "rounds": records_dir})
     else:
         spec = SweepSpec(target, (drafter,), ("fixed",), (1,), drafter_options=_parse_options(drafter_opt),
-                         suite=suite, limit=None, max_new_tokens=max_new_tokens, block_size=block_size, seed=seed,
-                         dtype=dtype)
+                         suite=suite, limit=None, max_new_tokens=max_new_tokens, temperature=temperature,
+                         block_size=block_size, seed=seed, dtype=dtype)
         if source == "slice":
             prompts = heldout_prompts(suite, heldout, eval_limit, seed)
             console.print(f"{len(prompts)} held-out prompts (beyond the first {eval_limit} of each dataset)")
@@ -225,10 +227,12 @@ def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_
 @click.option("--layout", default="padded", show_default=True, type=click.Choice(["padded", "packed"]))
 @click.option("--sweep", "sweep_dirs", default=None, help="Comma list of measured sweep folders to validate against.")
 @click.option("--block-size", default=7, show_default=True, type=int)
+@click.option("--calibrate-clock/--no-calibrate-clock", default=True, show_default=True,
+              help="Scale the profile's step times by the records' median measured/profiled verify time.")
 @click.option("--out", default="simulate.json", show_default=True)
 @_friendly
 def simulate(records_dirs, profile_path, scheduler_list, scheduler_opt, concurrency, layout, sweep_dirs, block_size,
-             out):
+             calibrate_clock, out):
     """SIMULATED: replay recorded rounds against an SPS table up to high concurrency."""
     from dspark_bench import simulate as sim
     from dspark_bench.profile import load_profile
@@ -238,13 +242,14 @@ def simulate(records_dirs, profile_path, scheduler_list, scheduler_opt, concurre
     if not records:
         raise ValueError(f"no fixed-scheduler records in {records_dirs}: the replay needs full-verification rounds")
     table, opts = load_profile(profile_path), _parse_options(scheduler_opt)
-    overhead = sim.fit_overhead(records)
+    overhead, scale = sim.fit_overhead(records), sim.clock_scale(records, table, layout) if calibrate_clock else 1.0
     cells = [(name, {**opts.get(name, {}), **inline}) for name, inline in map(parse_scheduler,
                                                                                split_schedulers(scheduler_list))]
     rows = sim.project(sim.traces_from_records(records), table, cells, _ints(concurrency), layout, overhead,
-                       block_size)
+                       block_size, scale)
     result = {"simulated": True, "note": sim.__doc__.split("\n\n")[0], "profile": profile_path,
-              "machine": table.machine, "layout": layout, "overhead": overhead, "traces": len(records), "rows": rows}
+              "machine": table.machine, "layout": layout, "overhead": overhead, "clock_scale": scale,
+              "traces": len(records), "rows": rows}
     if sweep_dirs:
         checked = [row for d in _names(sweep_dirs) for row in sim.validate(d, table, layout, block_size)["rows"]]
         result["validation"] = {"sweeps": list(_names(sweep_dirs)), "rows": checked,

@@ -8,10 +8,11 @@ Later rounds are replayed as recorded (a request cycles through its rounds until
 decode tokens as it did when recorded): the approximation is that a round's outcome does not depend on which
 tokens earlier rounds committed.
 
-**Clock.** A step of R requests costs ``overhead(R) + 1 / SPS(B, context)``, where B is the batch tokens the
+**Clock.** A step of R requests costs ``overhead(R) + s / SPS(B, context)``, where B is the batch tokens the
 target computes (``layout``: ``padded`` = this engine, ``R (1 + max l)``; ``packed`` = ``sum (1 + l)``),
-``context`` the active requests' mean length, and ``overhead(R) = a + b R`` a least-squares fit of the
-recorded draft + other seconds per round (0 without timings). Prefill is not simulated (decode only, as
+``context`` the active requests' mean length, ``overhead(R) = a + b R`` a least-squares fit of the recorded
+draft + other seconds per round (0 without timings) and ``s`` (``clock_scale``) the median ratio of recorded
+verify seconds to the profile's prediction (a shared machine's load level; 1 for a dedicated one). Prefill is not simulated (decode only, as
 ``sweep.aggregate_tokens_per_s``). Continuous batching: a finished request's slot is refilled at once.
 
 The schedulers are the real ones (:func:`~dspark_bench.schedulers.create_scheduler`), fed fake proposals.
@@ -32,7 +33,7 @@ import torch
 
 from dspark_bench.drafters.base import DraftContext, Proposal
 from dspark_bench.metrics import decode_tokens
-from dspark_bench.profile import Profile
+from dspark_bench.profile import Profile, load_profile
 from dspark_bench.results import RequestRecord
 from dspark_bench.schedulers import create_scheduler, scheduler_class
 from dspark_bench.sweep import read_cell
@@ -99,6 +100,8 @@ class SimSpec:
     options: dict[str, Any] = field(default_factory=dict)
     layout: str = "padded"  # what the target computes: padded (this engine) or packed
     block_size: int = 7
+    clock_scale: float = 1.0  # measured / profiled verify time on the machine being simulated
+    decisions: Profile | None = None  # the SPS table the schedulers decide with (default: the clock's)
 
 
 def simulate(traces: Sequence[Trace], spec: SimSpec, profile: Profile, overhead: tuple[float, float] = (0.0, 0.0),
@@ -122,14 +125,11 @@ def simulate(traces: Sequence[Trace], spec: SimSpec, profile: Profile, overhead:
 
 
 def _options(spec: SimSpec, profile: Profile) -> dict[str, Any]:
-    """The scheduler's own options plus, where it takes them, the simulated profile and layout."""
-    opts = dict(spec.options)
+    """The scheduler's own options plus, where it takes one, the simulated profile. (``spec.layout`` is what
+    the simulated target computes; the scheduler's own ``layout`` option is what it assumes.)"""
     cls = scheduler_class(spec.scheduler)
     names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-    for key, value in (("profile", profile), ("layout", spec.layout)):
-        if key in names:
-            opts.setdefault(key, value)
-    return opts
+    return {"profile": spec.decisions or profile, **spec.options} if "profile" in names else dict(spec.options)
 
 
 def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhead) -> np.ndarray:
@@ -152,7 +152,7 @@ def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhea
     rows = len(live)
     batch = rows * (1 + max(ver)) if spec.layout == "padded" else rows + sum(ver)
     context = float(np.mean([item.slot.position for item in live]))
-    seconds = overhead[0] + overhead[1] * rows + 1.0 / float(profile.sps(batch, context))
+    seconds = overhead[0] + overhead[1] * rows + spec.clock_scale / float(profile.sps(batch, context))
     # 3. accept and commit
     acc = [min(item.trace.accepted[i], v) for item, i, v in zip(live, idx, ver, strict=True)]
     for item, a in zip(live, acc, strict=True):
@@ -168,7 +168,7 @@ def _row(spec: SimSpec, totals: np.ndarray, done: list[_Live]) -> dict[str, Any]
     tokens = sum(min(item.tokens, item.trace.tokens) for item in done)
     per_request = tokens / sum(item.seconds for item in done) if done else None
     return {"simulated": True, "scheduler": spec.scheduler, "concurrency": spec.concurrency,
-            "options": spec.options, "layout": spec.layout,
+            "options": spec.options, "layout": spec.layout, "clock_scale": spec.clock_scale,
             "aggregate_tokens_per_s": tokens / seconds if seconds else None, "per_request_tps": per_request,
             "mean_verify_budget": 1 + verified / rounds if rounds else None,
             "waste": (verified - accepted) / verified if verified else None,
@@ -177,45 +177,60 @@ def _row(spec: SimSpec, totals: np.ndarray, done: list[_Live]) -> dict[str, Any]
 
 # ---- projection and validation --------------------------------------------------------------------------------
 def project(traces: Sequence[Trace], profile: Profile, cells: Sequence[tuple[str, dict]], concurrency: Sequence[int],
-            layout: str = "padded", overhead: tuple[float, float] = (0.0, 0.0), block_size: int = 7) -> list[dict]:
+            layout: str = "padded", overhead: tuple[float, float] = (0.0, 0.0), block_size: int = 7,
+            scale: float = 1.0) -> list[dict]:
     """Every (scheduler, options) at every concurrency, with max(len(traces), 2 N) requests per level."""
     rows = []
     for conc in concurrency:
         for name, options in cells:
-            spec = SimSpec(name, conc, dict(options), layout, block_size)
+            spec = SimSpec(name, conc, dict(options), layout, block_size, scale)
             rows.append(simulate(traces, spec, profile, overhead, max(len(traces), 2 * conc)))
     return rows
 
 
-def verify_model_error(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> dict:
-    """Recorded verify_s of each engine round vs 1 / SPS(B): rounds are rebuilt by grouping requests' rounds
-    with identical timing rows (one engine round shares one timing row). Median and mean |relative error|."""
+def verify_ratios(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> list[float]:
+    """Recorded verify_s of each engine round / (1 / SPS(B)): rounds are rebuilt by grouping requests' rounds
+    with identical timing rows (one engine round shares one timing row)."""
     groups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)  # timing row -> [(verified, context)]
     for rec in records:
         context = rec.prompt_len + 1
         for (_, ver, _, com), t in zip(rec.rounds, rec.timings, strict=True):
             groups[tuple(t)].append((ver, context))
             context += com
-    errors = []
+    ratios = []
     for timing, members in groups.items():
         ver = [v for v, _ in members]
         batch = len(ver) * (1 + max(ver)) if layout == "padded" else len(ver) + sum(ver)
-        predicted = 1.0 / float(profile.sps(batch, float(np.mean([c for _, c in members]))))
-        errors.append(abs(predicted - timing[1]) / timing[1])
-    if not errors:
-        return {"rounds": 0, "median_abs_rel_error": None, "mean_abs_rel_error": None}
-    return {"rounds": len(errors), "median_abs_rel_error": float(np.median(errors)),
-            "mean_abs_rel_error": float(np.mean(errors))}
+        ratios.append(timing[1] * float(profile.sps(batch, float(np.mean([c for _, c in members])))))
+    return ratios
+
+
+def clock_scale(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> float:
+    ratios = verify_ratios(records, profile, layout)
+    return float(np.median(ratios)) if ratios else 1.0
+
+
+def verify_model_error(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> dict:
+    """|recorded / predicted verify time - 1| per engine round, raw and after the median clock scale."""
+    ratios = np.asarray(verify_ratios(records, profile, layout))
+    if not len(ratios):
+        return {"rounds": 0}
+    scale = float(np.median(ratios))
+    return {"rounds": len(ratios), "clock_scale": scale,
+            "median_abs_rel_error_raw": float(np.median(np.abs(ratios - 1))),
+            "median_abs_rel_error_scaled": float(np.median(np.abs(ratios / scale - 1)))}
 
 
 _COMPARED = ("aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget", "tau", "waste")
 
 
 def validate(sweep_dir: str | Path, profile: Profile, layout: str = "padded", block_size: int = 7) -> dict:
-    """Simulate every measured sweep cell from the traces of the ``fixed`` cell of the same drafter and
-    concurrency (and that cell's overhead fit) and report relative errors against the measurement."""
+    """Simulate every measured sweep cell from the ``fixed`` cell of the same drafter and concurrency: its
+    traces, overhead fit and clock scale, with decisions made on the SPS table the sweep used. Reports the
+    relative errors of the metrics and of each cell's throughput ratio to fixed."""
     sweep_dir = Path(sweep_dir)
-    rows = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))["rows"]
+    sweep = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    rows, decisions = sweep["rows"], load_profile(sweep["profile"]) if sweep.get("profile") else None
     out = []
     for row in rows:
         base = next((b for b in rows if b["label"] == "fixed" and b["drafter"] == row["drafter"]
@@ -223,17 +238,32 @@ def validate(sweep_dir: str | Path, profile: Profile, layout: str = "padded", bl
         if base is None:
             continue
         records = read_cell(sweep_dir / base["folder"])
-        spec = SimSpec(row["scheduler"], row["concurrency"], dict(row["options"]), layout, block_size)
-        sim = simulate(traces_from_records(records), spec, profile, fit_overhead(records))
-        err = {k: _rel(sim[k], row[k]) for k in _COMPARED}
+        sim = _replay(row, records, profile, layout, block_size, decisions)
+        ratio = {"measured": _ratio(row, base),
+                 "simulated": _ratio(sim, _replay(base, records, profile, layout, block_size, decisions))}
+        errors = {k: _rel(sim[k], row[k]) for k in _COMPARED}
         out.append({"drafter": row["drafter"], "label": row["label"], "concurrency": row["concurrency"],
-                    "measured": {k: row[k] for k in _COMPARED}, "simulated": {k: sim[k] for k in _COMPARED},
-                    "rel_error": err})
+                    "clock_scale": sim["clock_scale"], "measured": {k: row[k] for k in _COMPARED},
+                    "simulated": {k: sim[k] for k in _COMPARED}, "ratio_vs_fixed": ratio,
+                    "rel_error": {**errors, "ratio_vs_fixed": _rel(ratio["simulated"], ratio["measured"])}})
     return {"rows": out, "mean_abs_rel_error": mean_abs_errors(out)}
 
 
+def _replay(cell: dict, records: Sequence[RequestRecord], profile: Profile, layout: str, block_size: int,
+            decisions: Profile | None) -> dict:
+    """A sweep cell replayed from ``records`` (the fixed cell): their traces, overhead fit and clock scale."""
+    spec = SimSpec(cell["scheduler"], cell["concurrency"], dict(cell["options"]), layout, block_size,
+                   clock_scale(records, profile, layout), decisions)
+    return simulate(traces_from_records(records), spec, profile, fit_overhead(records))
+
+
+def _ratio(row: dict, base: dict) -> float | None:
+    a, b = row["aggregate_tokens_per_s"], base["aggregate_tokens_per_s"]
+    return a / b if a and b else None
+
+
 def mean_abs_errors(rows: Sequence[dict]) -> dict[str, float | None]:
-    return {k: _mean_abs([r["rel_error"][k] for r in rows]) for k in _COMPARED}
+    return {k: _mean_abs([r["rel_error"][k] for r in rows]) for k in (*_COMPARED, "ratio_vs_fixed")}
 
 
 def _rel(sim: float | None, measured: float | None) -> float | None:

@@ -35,7 +35,7 @@ from dspark_bench.drafters.ngram import NgramDrafter, lookup
 from dspark_bench.engine import Engine, EngineConfig
 from dspark_bench.metrics import acceptance, count_rounds, decode_tokens, tokens_per_s
 from dspark_bench.results import RequestRecord, read_records, write_json
-from dspark_bench.runner import Run, RunSpec
+from dspark_bench.runner import SHIPPED_DRAFTERS, Run, RunSpec
 from dspark_bench.schedulers import create_scheduler, scheduler_class
 from dspark_bench.suites import Prompt, load_suite
 from dspark_bench.target import Target
@@ -86,7 +86,7 @@ class SweepSpec:
     drafter_options: dict[str, dict[str, str]] = field(default_factory=dict)
     fixed_lengths: tuple[int, ...] = ()  # extra cells: fixed with at most L verified tokens
     thetas: tuple[float, ...] | None = None  # threshold sweep: one threshold cell per theta instead
-    baselines: tuple[str, ...] = ("mtp",)  # drafters run with `fixed` when registered (MTP-1: 2 tokens)
+    baselines: tuple[str, ...] = ("none", "mtp")  # run with `fixed` when usable (MTP-1 verifies 2 tokens)
     repeats: int = 1  # passes over the prompts (alternating cell order)
     suite: str = "all"
     limit: int | None = 4
@@ -143,8 +143,7 @@ def split_schedulers(text: str) -> tuple[str, ...]:
 def sweep_cells(spec: SweepSpec) -> list[Cell]:
     """Concurrency outermost, so every concurrency level is finished before the next starts."""
     cells = []
-    known = set(drafter_registry.names())
-    baselines = [b for b in spec.baselines if b in known and b not in spec.drafters]
+    baselines = [b for b in spec.baselines if b not in spec.drafters and usable(b, spec)]
     for conc in spec.concurrency:
         for drafter in spec.drafters:
             if spec.thetas is not None:
@@ -154,8 +153,18 @@ def sweep_cells(spec: SweepSpec) -> list[Cell]:
                 name, inline = parse_scheduler(item)
                 cells.append(Cell(drafter, name, conc, {**spec.scheduler_options.get(name, {}), **inline}))
             cells += [Cell(drafter, "fixed", conc, {"length": n}) for n in spec.fixed_lengths]
-        cells += [Cell(b, "fixed", conc, {"length": 1}) for b in baselines]
+        cells += [Cell(b, "fixed", conc) for b in baselines]
     return cells
+
+
+def usable(name: str, spec: SweepSpec) -> bool:
+    """A registered drafter that needs no weights, has a shipped checkpoint for the target, or was given one."""
+    if name not in drafter_registry.names():
+        return False
+    cls = drafter_registry.drafter_class(name)
+    fields = {f.name for f in dataclasses.fields(cls.Config)}
+    return ("checkpoint" not in fields or bool(spec.drafter_options.get(name, {}).get("checkpoint"))
+            or (SHIPPED_DRAFTERS / spec.target / name / "config.json").is_file())
 
 
 def calibration_for(drafter) -> str | None:
@@ -289,7 +298,9 @@ def calibrate(spec: SweepSpec, drafter: str, target: Target, prompts: Sequence[P
     out = Path(out)
     records = run_cell(Cell(drafter, "fixed", concurrency), spec, target, prompts, out / "rounds")
     return calibrate_records(records, out / "calibration.json",
-                             {"drafter": drafter, "rounds": str(out / "rounds"), "prompts": len(prompts)})
+                             {"drafter": drafter, "rounds": str(out / "rounds"), "prompts": len(prompts),
+                              "datasets": sorted({p.dataset for p in prompts}), "temperature": spec.temperature,
+                              "block_size": spec.block_size})
 
 
 def calibrate_records(records: Sequence[RequestRecord], path: str | Path, source: dict) -> dict:

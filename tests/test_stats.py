@@ -60,10 +60,10 @@ def test_pooling_keeps_every_group_at_least_five(seed):
 
 
 def test_gof_pools_and_flags_impossible_cells():
-    probs = [0.49, 0.49, 0.01, 0.01, 0.0]
-    res = chi_square_gof([50, 45, 3, 2, 0], probs)
-    assert res.groups[2] == res.groups[3] == res.groups[4] and res.df == 2
-    impossible = chi_square_gof([50, 45, 3, 1, 1], probs)
+    probs = [0.45, 0.45, 0.05, 0.04, 0.01, 0.0]  # n = 100: expected 45, 45, 5, 4, 1, 0
+    res = chi_square_gof([47, 44, 5, 3, 1, 0], probs)
+    assert res.groups[3] == res.groups[4] == res.groups[5] and len(set(res.groups)) == 4 and res.df == 3
+    impossible = chi_square_gof([47, 44, 5, 2, 1, 1], probs)
     assert impossible.statistic == math.inf and impossible.p_value == 0.0
 
 
@@ -75,9 +75,9 @@ def test_homogeneity_matches_scipy_contingency():
 
 
 def test_homogeneity_pools_rare_columns():
-    a, b = [100, 80, 1, 2, 0], [90, 95, 2, 1, 1]
+    a, b = [100, 80, 3, 2, 1], [90, 95, 2, 3, 2]  # rare columns: 5, 5, 3 in all, ~2.5, 2.5, 1.5 expected per row
     res = chi_square_homogeneity(a, b)
-    assert res.df == 2  # three rare columns merged into one
+    assert res.groups == (1, 2, 0, 0, 0) and res.df == 2
 
 
 def test_align_takes_the_union_of_cells():
@@ -119,8 +119,8 @@ def test_holm_textbook_example():
 
 
 def test_holm_rejects_nothing_after_the_first_acceptance():
-    rejected, _ = holm([0.001, 0.5, 0.0011], 0.003)
-    assert rejected == [True, False, False]  # .0011 > .003/2
+    rejected, _ = holm([0.001, 0.5, 0.002], 0.003)
+    assert rejected == [True, False, False]  # .001 <= .003/3, then .002 > .003/2 stops the procedure
 
 
 # ---- power -----------------------------------------------------------------------------------------------------

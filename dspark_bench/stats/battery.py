@@ -92,9 +92,8 @@ def run_battery(mode: str = "fast", target: str = "smollm2-135m", drafters: list
     scheduler_list = _pick(schedulers, scheduler_names(), "scheduler")
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
-    with _threads(1):
-        results = synthetic_results(PLANS[mode], scheduler_list, seed, say)
-        results += real_results(PLANS[mode], target, drafter_list, scheduler_list, seed, say)
+    results = synthetic_results(PLANS[mode], scheduler_list, seed, say)
+    results += real_results(PLANS[mode], target, drafter_list, scheduler_list, seed, say)
     return BatteryReport(mode, target, REAL_DTYPE, seed, ALPHA, time.perf_counter() - t0, finalize(results))
 
 
@@ -205,20 +204,21 @@ def real_results(plan: Plan, target_name: str, drafters: Sequence[str], schedule
     say(f"loading {target_name} ({REAL_DTYPE})")
     target = Target.load(target_name, dtype=REAL_DTYPE)
     prompts = [tuple(target.tokenizer(p)["input_ids"]) for p in PROMPTS[: plan.real_prompts]]
-    vanilla = None
-    if plan.real_homogeneity_seeds:
-        vanilla = checks.first_token_counts(target, create("none", target), None, prompts, _homogeneity_n(plan),
-                                            2, 4, 1, f"vanilla/{target.name}", seed, plan.real_concurrency)
     rows = []
-    for d in drafters:
-        for s in schedulers:
-            label = f"{target_name} | {d} | {s}"
-            say(f"real target: {label}")
-            rows.append(guarded("pit-ks", label, False, functools.partial(
-                _real_pit, plan, target, prompts, d, s, label, seed)))
-            if vanilla is not None:
-                rows.append(guarded("chi2-homogeneity", label, False, functools.partial(
-                    _real_homogeneity, plan, target, prompts, d, s, label, seed, vanilla)))
+    with _threads(1):
+        vanilla = None
+        if plan.real_homogeneity_seeds:
+            vanilla = checks.first_token_counts(target, create("none", target), None, prompts, _homogeneity_n(plan),
+                                                2, 4, 1, f"vanilla/{target.name}", seed, plan.real_concurrency)
+        for d in drafters:
+            for s in schedulers:
+                label = f"{target_name} | {d} | {s}"
+                say(f"real target: {label}")
+                rows.append(guarded("pit-ks", label, False, functools.partial(
+                    _real_pit, plan, target, prompts, d, s, label, seed)))
+                if vanilla is not None:
+                    rows.append(guarded("chi2-homogeneity", label, False, functools.partial(
+                        _real_homogeneity, plan, target, prompts, d, s, label, seed, vanilla)))
     return rows
 
 

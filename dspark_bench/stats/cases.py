@@ -14,6 +14,7 @@ Real cases (expected lossless with :func:`~dspark_bench.verify.speculative_accep
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from dspark_bench.schedulers import Scheduler
 from dspark_bench.stats.controls import (
     APPENDIX_A_SPS,
     ArgmaxSoftmaxQ,
+    Bf16Probs,
     Bf16Sampled,
     Retrospective,
     appendix_a,
@@ -118,14 +120,16 @@ def bf16_case(magnitude: float) -> Case:
 
 def controls() -> tuple[Control, ...]:
     base = engine_case()
-    argmax = Case(f"{base.name}+argmax", base.chain, base.draft, base.block_size, base.eos_ids,
-                  drafter_cls=ArgmaxSoftmaxQ)
+    argmax = dataclasses.replace(base, name=f"{base.name}+argmax", drafter_cls=ArgmaxSoftmaxQ)
+    bf16_probs = dataclasses.replace(base, name=f"{base.name}+bf16-probs", drafter_cls=Bf16Probs)
     return (
         Control("a-resample-from-p", "rejection redraws from p instead of the residual", base, resample_from_p),
         Control("b1-argmax-softmax-q", "argmax draft, softmax q passed to the ratio", argmax),
         Control("b2-bf16-sampled-fp32-q", "token drawn from a bf16-rounded softmax, fp32 q passed",
                 bf16_case(150.0)),
         Control("b2-bf16-realistic", "as b2 at logits near 24 (bf16 spacing 0.125)", bf16_case(24.0), sampled=False),
+        Control("b3-bf16-probs", "softmax rounded to bf16 probabilities before sampling, fp32 q passed", bf16_probs,
+                sampled=False),
         Control("c-exact-match-resample", "exact match, then a fresh draw from p on mismatch", base,
                 exact_match_then_resample),
         Control("d-retrospective", "Appendix A global search without early stop", appendix_a_case(),

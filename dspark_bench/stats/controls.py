@@ -10,6 +10,7 @@ Each is a real bug seen in the wild (reference peers.md sections 8-10) and must 
   spacing is 1.0 for logits in [128, 256) and 0.125 in [16, 32): :func:`bf16_sensitive_chain` places logits
   ~0.45 spacing off the grid, so rounding moves probabilities by up to ~57% near 150 (detectable by
   construction) or ~6% near 24 (realistic magnitudes: a power statement, see the battery).
+  :class:`Bf16Probs` rounds the fp32 softmax itself to bf16 (a relative error of at most 2^-9).
 * (c) :func:`exact_match_then_resample`: accept while the draft equals the target's own sample (lossless so
   far), but on a mismatch draw a *fresh* token from ``p`` instead of emitting that sample.
 * (d) :class:`Retrospective`: the paper's Appendix A scheduler, a global search over the current round's
@@ -31,18 +32,16 @@ import torch
 from dspark_bench.drafters.base import DraftContext, Proposal
 from dspark_bench.schedulers import Scheduler
 from dspark_bench.stats.synthetic import DraftLaw, MarkovChain, SyntheticDrafter
-from dspark_bench.verify import Verdict, one_hot, sample
+from dspark_bench.verify import Verdict, acceptance_probs, one_hot, sample
 
 APPENDIX_A_SPS = (1.0, 0.5, 0.45)  # steps/s at 1, 2, 3 batch tokens
 
 
 def _leading_accepts(p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None, generator) -> int:
-    """A of the standard test ``u_k < p_{k-1}(x_k) / q_k(x_k)`` (k uniforms, one draw)."""
+    """A of the standard tests ``u_k < min(1, p_{k-1}(x_k) / q_k(x_k))`` (k uniforms, as the verifier draws them)."""
     k = int(draft.shape[0])
     q = one_hot(draft, p.shape[-1]) if q is None else q
-    u = torch.rand(k, generator=generator, dtype=torch.float64)
-    idx = draft.long().unsqueeze(-1)
-    passed = u * q.double().gather(-1, idx).squeeze(-1) < p[:k].double().gather(-1, idx).squeeze(-1)
+    passed = torch.rand(k, generator=generator, dtype=torch.float64) < acceptance_probs(p, draft, q)
     return int(torch.cumprod(passed.long(), 0).sum()) if k else 0
 
 
@@ -101,6 +100,18 @@ class Bf16Sampled(SyntheticDrafter):
     def law(self, temperature: float) -> DraftLaw:
         logits = self.config.chain.logits
         return DraftLaw(logits.to(torch.bfloat16).double(), temperature, logits, temperature)
+
+
+class Bf16Probs(SyntheticDrafter):
+    """Control (b3): samples from its softmax rounded to bf16 *probabilities* (relative error <= 2^-9), hands
+    over the fp32 softmax. Too small to sample at any CI size: the battery reports its exact error and power."""
+
+    name = "control-bf16-probs"
+
+    def law(self, temperature: float) -> DraftLaw:
+        logits = self.config.chain.logits
+        rounded = torch.softmax(logits.float() / temperature, -1).to(torch.bfloat16).double()
+        return DraftLaw(rounded.log(), 1.0, logits, temperature)  # softmax(log r) = r / sum(r), as sample() does
 
 
 def bf16_sensitive_chain(vocab: int, generator: torch.Generator, magnitude: float) -> MarkovChain:

@@ -110,16 +110,17 @@ def _explore(run, script: tuple[float, ...], edges: tuple[float, ...]) -> dict[V
     verdict, used = run(script)
     if used <= len(script):
         return {verdict: 1.0}
-    merged: list[list] = []  # [lo, hi, verdict at the midpoint]
+    merged: list[list] = []  # [lo, hi, verdict, representative]: runs of cells with one verdict
     for lo, hi in itertools.pairwise(edges):
-        seen = run((*script, (lo + hi) / 2))[0]
+        mid = (lo + hi) / 2  # inside a cell, never on a cut
+        seen = run((*script, mid))[0]
         if merged and merged[-1][2] == seen:
             merged[-1][1] = hi
         else:
-            merged.append([lo, hi, seen])
+            merged.append([lo, hi, seen, mid])
     law: dict[Verdict, float] = {}
-    for lo, hi, _ in merged:
-        for v, w in _explore(run, (*script, (lo + hi) / 2), edges).items():
+    for lo, hi, _, mid in merged:
+        for v, w in _explore(run, (*script, mid), edges).items():
             law[v] = law.get(v, 0.0) + (hi - lo) * w
     return law
 
