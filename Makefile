@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench gate gate-runs gate-baseline clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,25 @@ test: setup lint
 
 bench: setup
 	$(BIN)/dspark-bench bench
+
+# Fast regression gate on the embedded target (CI): a sampled run (tau, speedup), a greedy fp32 run (equality
+# with none), the fast lossless battery, then a comparison with the committed baseline.
+GATE_RUN = $(BIN)/dspark-bench run --target smollm2-135m --drafter none,ngram --suite all --limit 2 \
+	--max-new-tokens 96 --seed 980406
+GATE_DIR ?= results/gate
+
+gate-runs: setup
+	rm -rf $(GATE_DIR)
+	$(GATE_RUN) --temperature 1.0 --dtype bf16 --out $(GATE_DIR)/t1
+	$(GATE_RUN) --temperature 0 --dtype fp32 --out $(GATE_DIR)/t0
+	$(BIN)/dspark-bench check-lossless --mode fast --out $(GATE_DIR)/t1
+
+gate: gate-runs
+	$(BIN)/dspark-bench gate --baseline baselines/smollm2-gate $(GATE_DIR)/t1 $(GATE_DIR)/t0
+
+# Refresh the committed baseline (review the diff of baselines/smollm2-gate before committing it).
+gate-baseline: gate-runs
+	$(BIN)/dspark-bench baseline update $(GATE_DIR)/t1 $(GATE_DIR)/t0 --name smollm2-gate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

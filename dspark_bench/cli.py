@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(stderr=True)
-stdout = Console()
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+stdout = Console(width=None if sys.stdout.isatty() else 160)
 
 # Errors that mean "bad input": reported as one clear line and exit status 2, without a traceback.
 _USER_ERRORS = (ValueError, FileNotFoundError)
@@ -70,7 +70,9 @@ def _parse_options(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help="Comma list of drafters, all run on the same prompts. Default: none, ngram and every drafter "
                    "with a shipped checkpoint for the target.")
 @click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
-@click.option("--scheduler", default="fixed", show_default=True, help="How many draft tokens to verify.")
+@click.option("--scheduler", default="fixed", show_default=True,
+              help="How many draft tokens to verify: NAME or NAME[KEY=VALUE,...], e.g. threshold[theta=0.6].")
+@click.option("--profile", "profile_path", default=None, help="Engine profile (SPS table) for hardware-aware/async.")
 @click.option("--suite", default="all", show_default=True,
               help="Comma list of domains (math, code, chat), dataset names, 'all', or .jsonl paths.")
 @click.option("--limit", default="3", show_default=True, help="Prompts per dataset (after the seeded shuffle), or 'all'.")
@@ -84,23 +86,25 @@ def _parse_options(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")
 @click.option("--cache-dir", default=None, help="Where the embedded target's safetensors copy lives.")
 @_friendly
-def run(target, drafter_list, drafter_opt, scheduler, suite, limit, max_new_tokens, temperature, block_size, seed,
-        dtype, repeats, concurrency, out, cache_dir):
+def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, max_new_tokens, temperature,
+        block_size, seed, dtype, repeats, concurrency, out, cache_dir):
     """Decode a suite with each drafter through the one engine and record the results."""
     from dspark_bench import drafters
     from dspark_bench.runner import Run, RunSpec, default_drafters
-    from dspark_bench.schedulers import create_scheduler
+    from dspark_bench.schedulers import scheduler_class
     from dspark_bench.suites import load_suite
+    from dspark_bench.sweep import parse_scheduler
     from dspark_bench.target import Target
 
     names = tuple(d.strip() for d in drafter_list.split(",") if d.strip()) if drafter_list else default_drafters(target)
     for name in names:
         drafters.drafter_class(name)  # fail on an unknown name before loading anything heavy
-    create_scheduler(scheduler)
+    scheduler, scheduler_opts = parse_scheduler(scheduler)
+    scheduler_class(scheduler)  # unknown names fail here, listing the known ones
     if repeats < 1:
         raise click.BadParameter(f"--repeats must be >= 1, got {repeats}")
     spec = RunSpec(target=target, drafters=names, drafter_options=_parse_options(drafter_opt), scheduler=scheduler,
-                   suite=suite, limit=_parse_limit(limit), max_new_tokens=max_new_tokens, temperature=temperature,
+                   scheduler_options=scheduler_opts, profile=profile_path, suite=suite, limit=_parse_limit(limit), max_new_tokens=max_new_tokens, temperature=temperature,
                    block_size=block_size, seed=seed, dtype=dtype, repeats=repeats, concurrency=concurrency)
     from dspark_bench.engine import EngineConfig
 
@@ -283,12 +287,53 @@ def baseline_update(runs, name, root):
     stdout.print(f"baseline written to {path}")
 
 
+@main.command(name="check-lossless")
+@click.option("--target", default="smollm2-135m", show_default=True)
+@click.option("--drafter", "drafter_list", default=None, help="Comma list of drafters. Default: every registered one.")
+@click.option("--scheduler", "scheduler_list", default=None,
+              help="Comma list of schedulers. Default: every registered one.")
+@click.option("--mode", default="fast", show_default=True, type=click.Choice(["fast", "thorough"]))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", default=None, type=click.Path(path_type=Path),
+              help="Folder for lossless.json (e.g. a run folder). Default: results/lossless-<time>/.")
+@_friendly
+def check_lossless(target, drafter_list, scheduler_list, mode, seed, out):
+    """Statistical battery: speculative decoding must reproduce the target law; negative controls must fail."""
+    import json
+
+    from dspark_bench.stats import HEADERS, render_rows, report_to_json, run_battery
+
+    split = (lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None)  # noqa: E731
+    report = run_battery(mode=mode, target=target, drafters=split(drafter_list), schedulers=split(scheduler_list),
+                         seed=seed, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+    table = Table(title=f"lossless battery ({mode}, {target}): real configurations must pass, controls must fail")
+    for col in HEADERS:
+        table.add_column(col)
+    for row in render_rows(report):
+        table.add_row(*row)
+    stdout.print(table)
+    folder = out or Path(f"results/lossless-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lossless.json").write_text(json.dumps(report_to_json(report), indent=2) + "\n")
+    verdict = "[green]ok[/]" if report.ok else "[bold red]FAILED[/] (a real configuration failed or a control passed)"
+    stdout.print(f"{verdict}; written to {folder / 'lossless.json'}")
+    sys.exit(0 if report.ok else 1)
+
+
 def _attach_commands() -> None:
     """Commands that live with their subsystems (imported lazily inside their callbacks)."""
+    from dspark_bench.lmeval.cli import lm_eval_command
     from dspark_bench.report.cli import paper, report
 
     main.add_command(report)
     main.add_command(paper)
+    main.add_command(lm_eval_command)
+
+    from dspark_bench.sched_cli import calibrate, profile, simulate, sweep
+    from dspark_bench.train.cli import data, train
+
+    for command in (profile, sweep, calibrate, simulate, data, train):
+        main.add_command(command)
 
 
 _attach_commands()

@@ -25,7 +25,7 @@ from dspark_bench.results import (
     record_from_result,
     write_json,
 )
-from dspark_bench.schedulers import create_scheduler
+from dspark_bench.schedulers import create_scheduler, scheduler_class
 from dspark_bench.suites import Prompt
 from dspark_bench.target import Target
 
@@ -40,6 +40,8 @@ class RunSpec:
     drafters: tuple[str, ...] = ("none", "ngram")
     drafter_options: dict[str, dict[str, str]] = field(default_factory=dict)
     scheduler: str = "fixed"
+    scheduler_options: dict[str, str] = field(default_factory=dict)
+    profile: str | None = None  # engine profile (SPS table) for schedulers that take one
     suite: str = "all"
     limit: int | None = 3
     max_new_tokens: int = 128
@@ -79,6 +81,7 @@ class Run:
     prompts: Sequence[Prompt]
     out: Path
     on_record: Callable[[RequestRecord], None] = lambda rec: None
+    resolved_scheduler_options: dict[str, dict[str, str]] = field(default_factory=dict, init=False)
 
     def execute(self) -> dict:
         spec = self.spec
@@ -114,8 +117,10 @@ class Run:
     def _engine(self, name: str) -> Engine:
         spec = self.spec
         drafter = drafter_registry.create(name, self.target, spec.drafter_options.get(name))
+        opts = scheduler_options(spec, drafter)
+        self.resolved_scheduler_options[name] = {k: str(v) for k, v in opts.items()}
         config = EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)
-        return Engine(self.target, drafter, config, create_scheduler(spec.scheduler))
+        return Engine(self.target, drafter, config, create_scheduler(spec.scheduler, **opts))
 
     def _warmup(self, engines: dict[str, Engine], requests: Sequence[Request]) -> None:
         """One short untimed generation per drafter (allocator, kernels, caches), not recorded."""
@@ -132,12 +137,37 @@ class Run:
             "args": dataclasses.asdict(self.spec),
             "target": {"name": t.name, "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device),
                        "vocab_size": t.vocab_size, "num_layers": t.num_layers, "hidden_size": t.hidden_size},
-            "drafters": {n: {"config": _plain(e.drafter.config)} for n, e in engines.items()},
+            "drafters": {n: {"config": _plain(e.drafter.config),
+                             "scheduler_options": self.resolved_scheduler_options.get(n, {})}
+                         for n, e in engines.items()},
             "prompts": [{"dataset": p.dataset, "domain": p.domain, "prompt_id": p.prompt_id, "index": p.index}
                         for p in self.prompts],
             "seeds": {"base": self.spec.seed, "per_request": "base + index within dataset"},
             **environment(),
         }
+
+
+def calibration_for(drafter) -> str | None:
+    """The drafter's ``calibration.json``: its config's ``calibration`` field, else one next to its checkpoint."""
+    named = getattr(drafter.config, "calibration", None)
+    if named:
+        return str(named)
+    ckpt = getattr(drafter.config, "checkpoint", None)
+    if ckpt and (Path(ckpt) / "calibration.json").is_file():
+        return str(Path(ckpt) / "calibration.json")
+    return None
+
+
+def scheduler_options(spec: RunSpec, drafter) -> dict:
+    """The scheduler's options: the spec's own, plus the run's profile and the drafter's calibration where the
+    scheduler takes them and the spec did not set them."""
+    cls, opts = scheduler_class(spec.scheduler), dict(spec.scheduler_options)
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if "profile" in fields and spec.profile and "profile" not in opts:
+        opts["profile"] = spec.profile
+    if getattr(cls, "reads_confidence", False) and "calibration" not in opts and calibration_for(drafter):
+        opts["calibration"] = calibration_for(drafter)
+    return opts
 
 
 def _plain(config) -> dict:

@@ -148,13 +148,15 @@ class Threshold(Scheduler):
     theta: float = 0.5
     calibration: str | None = None  # calibration.json path (or a sequence of temperatures)
     reads_confidence: ClassVar[bool] = True
+    _temps: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_temps", _temperatures(self.calibration))  # read the file once
 
     def decide(self, proposal: Proposal, ctx: DraftContext) -> torch.Tensor:
         if proposal.confidence is None:
             return proposal.lengths.clone()  # no confidences: nothing to prune on, behaves as fixed
-        conf = proposal.confidence.float().cpu()
-        if self.calibration is not None:
-            conf = apply_temperatures(conf, _temperatures(self.calibration))
+        conf = apply_temperatures(proposal.confidence.float().cpu(), self._temps)
         return threshold_lengths(conf, proposal.lengths, self.theta)
 
 

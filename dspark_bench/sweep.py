@@ -19,28 +19,20 @@ trainer did not use (no evaluation text, no training text).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dspark_bench import drafters as drafter_registry
 from dspark_bench.calibration import calibration_report, fit_sts, rounds_from_records, save_calibration
-from dspark_bench.drafters.base import DraftContext, Proposal
-from dspark_bench.drafters.ngram import NgramDrafter, lookup
-from dspark_bench.engine import Engine, EngineConfig
 from dspark_bench.metrics import acceptance, count_rounds, decode_tokens, tokens_per_s
 from dspark_bench.results import RequestRecord, read_records, write_json
 from dspark_bench.runner import SHIPPED_DRAFTERS, Run, RunSpec
-from dspark_bench.schedulers import create_scheduler, scheduler_class
 from dspark_bench.suites import Prompt, load_suite
 from dspark_bench.target import Target
 
-log = logging.getLogger(__name__)
 SWEEP_JSON = "sweep.json"
 
 
@@ -167,50 +159,14 @@ def usable(name: str, spec: SweepSpec) -> bool:
             or (SHIPPED_DRAFTERS / spec.target / name / "config.json").is_file())
 
 
-def calibration_for(drafter) -> str | None:
-    """The drafter's ``calibration.json``: its config's ``calibration`` field, else one next to its checkpoint."""
-    named = getattr(drafter.config, "calibration", None)
-    if named:
-        return str(named)
-    ckpt = getattr(drafter.config, "checkpoint", None)
-    if ckpt and (Path(ckpt) / "calibration.json").is_file():
-        return str(Path(ckpt) / "calibration.json")
-    return None
-
-
-@dataclass(eq=False)
-class CellRun(Run):
-    """``Run`` with scheduler options (profile, calibration, theta...): drop once RunSpec carries them."""
-
-    scheduler_options: dict[str, Any] = field(default_factory=dict)
-    profile: str | None = None
-    resolved_options: dict[str, Any] = field(default_factory=dict, init=False)
-
-    def _engine(self, name: str) -> Engine:
-        spec = self.spec
-        drafter = drafter_registry.create(name, self.target, spec.drafter_options.get(name))
-        cls, opts = scheduler_class(spec.scheduler), dict(self.scheduler_options)
-        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-        if "profile" in fields and self.profile and "profile" not in opts:
-            opts["profile"] = self.profile
-        if cls.reads_confidence and "calibration" not in opts and calibration_for(drafter):
-            opts["calibration"] = calibration_for(drafter)
-        self.resolved_options = opts
-        config = EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)
-        return Engine(self.target, drafter, config, create_scheduler(spec.scheduler, **opts))
-
-    def _manifest(self, engines: dict[str, Engine]) -> dict:
-        return {**super()._manifest(engines), "scheduler_options": {k: str(v) for k, v in
-                                                                    self.resolved_options.items()}}
-
-
 def run_cell(cell: Cell, spec: SweepSpec, target: Target, prompts: Sequence[Prompt], folder: Path,
              profile: str | None = None, warmup: bool = True) -> list[RequestRecord]:
     run_spec = RunSpec(target=spec.target, drafters=(cell.drafter,), drafter_options=spec.drafter_options,
                        scheduler=cell.scheduler, suite=spec.suite, limit=spec.limit,
                        max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, block_size=spec.block_size,
-                       seed=spec.seed, dtype=spec.dtype, concurrency=cell.concurrency, warmup=warmup)
-    CellRun(run_spec, target, prompts, folder, scheduler_options=cell.options, profile=profile).execute()
+                       seed=spec.seed, dtype=spec.dtype, concurrency=cell.concurrency, warmup=warmup,
+                       scheduler_options=dict(cell.options), profile=profile)
+    Run(run_spec, target, prompts, folder).execute()
     return read_records(folder)
 
 
@@ -310,46 +266,3 @@ def calibrate_records(records: Sequence[RequestRecord], path: str | Path, source
     report = calibration_report(rounds, fit_sts(rounds), source)
     save_calibration(report, path)
     return report
-
-
-# ---- a model-free drafter with confidences (to move to drafters/ngram_conf.py) -----------------------------------
-def agreement_confidence(tokens: Sequence[int], n: int, draft: Sequence[int]) -> list[float]:
-    """c_k for a prompt-lookup draft continuing the last ``n`` tokens: among earlier occurrences of that suffix
-    whose continuation agreed with x_1..x_{k-1} and reaches offset k, the share continuing with x_k, shrunk
-    towards 0 by one pseudo-miss: c_k = agree_k / (matches_k + 1). Depends on x_1..x_{k-1} only (Markov)."""
-    size, suffix = len(tokens), list(tokens[len(tokens) - n:])
-    alive = [s + n for s in range(size - n) if list(tokens[s:s + n]) == suffix]  # continuation starts
-    out = []
-    for k, x in enumerate(draft):
-        reach = [c for c in alive if c + k < size]
-        agree = [c for c in reach if tokens[c + k] == x]
-        out.append(len(agree) / (len(reach) + 1))
-        alive = agree
-    return out
-
-
-@drafter_registry.register("ngram-conf")
-class ConfidentNgram(NgramDrafter):
-    """Prompt lookup (as ``ngram``) that also predicts conditional confidences (:func:`agreement_confidence`),
-    so confidence schedulers can run without a trained model."""
-
-    @dataclass(frozen=True)
-    class Config(NgramDrafter.Config):
-        calibration: str | None = None  # calibration.json for the schedulers that read confidences
-
-    def propose(self, ctx: DraftContext) -> Proposal:
-        base = super().propose(ctx)
-        conf = torch.zeros(base.tokens.shape, dtype=torch.float32)
-        for r, slot in enumerate(ctx.slots):
-            n_draft = int(base.lengths[r])
-            if n_draft:
-                n = self._match_length(slot.tokens, base.tokens[r, :n_draft].tolist())
-                conf[r, :n_draft] = torch.tensor(agreement_confidence(slot.tokens, n, base.tokens[r, :n_draft].tolist()))
-        return Proposal(base.tokens, base.lengths, base.q, conf)
-
-    def _match_length(self, tokens: Sequence[int], draft: Sequence[int]) -> int:
-        """The suffix length whose most recent earlier match produced ``draft`` (as ``ngram.lookup`` chose)."""
-        for n in range(min(self.config.max_ngram, len(tokens) - 1), self.config.min_ngram - 1, -1):
-            if lookup(tokens, n, n, len(draft)) == list(draft):
-                return n
-        return self.config.min_ngram

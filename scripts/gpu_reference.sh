@@ -60,8 +60,10 @@ if [ "$DEVICE" = cpu ] && [ ! -f "$OUT/data/features/manifest.json" ]; then
   t=$(date +%s.%N)
   $CLI data features --data "$OUT/data" "${COMMON[@]}"
   mark features_s "$t"
+elif [ "$DEVICE" = cpu ]; then
+  echo "== 3/4 target features: cached in $OUT/data/features (already there)"
 else
-  echo "== 3/4 target features: computed on the fly ($DEVICE)"
+  echo "== 3/4 target features: computed on the fly (cuda)"
 fi
 
 echo "== 4/4 training: $STEPS steps x $BATCH sequences per method"

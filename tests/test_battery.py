@@ -24,7 +24,7 @@ from dspark_bench.stats.synthetic import MarkovChain, SyntheticDrafter, Syntheti
 from dspark_bench.verify import speculative_accept
 
 # Smaller than fast mode, still > 3x every sampled control's n for power 0.99 (at most 450).
-SMALL = battery.Plan(gof_n=1500, homogeneity_n=1000, pit_requests=64, pit_tokens=32, real_prompts=2, real_tokens=16,
+SMALL = battery.Plan(gof_n=1500, homogeneity_n=600, pit_requests=32, pit_tokens=32, real_prompts=2, real_tokens=16,
                      real_min_tokens=48, real_block=2)
 
 

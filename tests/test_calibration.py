@@ -136,3 +136,16 @@ def test_generated_prompts_avoid_evaluation_and_training_texts():
     assert not {p.text for p in held} & (training | evaluation)
     with pytest.raises(ValueError, match="training seed"):
         generated_prompts(5, 0, "chat", None, 1)
+
+
+def test_calibration_is_found_with_the_drafter(tmp_path):
+    from types import SimpleNamespace
+
+    from dspark_bench.runner import calibration_for
+
+    (tmp_path / "calibration.json").write_text("{}")
+    assert calibration_for(SimpleNamespace(config=SimpleNamespace(checkpoint=str(tmp_path)))) == str(
+        tmp_path / "calibration.json")
+    named = SimpleNamespace(config=SimpleNamespace(calibration="x.json", checkpoint=str(tmp_path)))
+    assert calibration_for(named) == "x.json"  # the config's own field wins
+    assert calibration_for(SimpleNamespace(config=SimpleNamespace(checkpoint=None))) is None

@@ -320,3 +320,15 @@ def test_isotonic_step_times_never_decrease():
 
     assert isotonic(np.array([1.0, 3.0, 2.0, 2.0, 5.0, 4.0, 6.0])).tolist() == pytest.approx(
         [1.0, 7 / 3, 7 / 3, 7 / 3, 4.5, 4.5, 6.0])
+
+
+def test_cli_commands_parse():
+    from click.testing import CliRunner
+
+    from dspark_bench.sched_cli import calibrate, profile, simulate, sweep
+
+    for command in (profile, sweep, calibrate, simulate):
+        result = CliRunner().invoke(command, ["--help"])
+        assert result.exit_code == 0 and "Usage" in result.output
+    bad = CliRunner().invoke(sweep, ["--scheduler", "fixed,nope", "--concurrency", "1"])
+    assert bad.exit_code == 2 and "unknown scheduler 'nope'" in bad.output

@@ -242,3 +242,19 @@ def test_each_method_lowers_its_loss(target, tmp_path, name):
     assert all(0 <= a <= 1 for r in records for a in r.acceptance)
     drafter = registry.create(name, target, {"checkpoint": str(final)})  # loadable by the engine's drafter
     assert drafter.feature_layers
+
+
+# ---- command line ---------------------------------------------------------------------------------------------
+def test_cli_prompts_and_clear_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from dspark_bench.train.cli import cli
+
+    runner = CliRunner()
+    out = tmp_path / "prompts.jsonl"
+    result = runner.invoke(cli, ["data", "prompts", "--n", "20", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 20
+    result = runner.invoke(cli, ["train", "--method", "dspark", "--data", str(tmp_path / "none"), "--out",
+                                 str(tmp_path / "run")])
+    assert result.exit_code == 2 and "training-data folder" in " ".join(result.output.split())

@@ -163,6 +163,7 @@ class DSparkDrafter(BlockDrafter):
     class Config(BlockConfig):
         markov_rank: int = 64
         markov_head_type: str = "vanilla"  # vanilla | gated | rnn
+        calibration: str | None = None  # STS calibration.json for confidence schedulers (default: next to checkpoint)
 
     Model = DSparkModel
 

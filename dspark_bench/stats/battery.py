@@ -16,11 +16,15 @@ Families (details in :mod:`.checks`; verdict rules in :mod:`.report`):
 6. Negative controls (:mod:`.controls`) through exact enumeration and the engine chi-square, each with the
    sample size the chi-square needs for power 0.99; every one must be detected.
 
-Modes, measured on the 2-vCPU CI machine (1 torch thread, SmolLM2-135M in fp32, 6 drafters x 4 schedulers):
+Modes, measured on this project's 2-vCPU machine (1 torch thread, so CPU seconds ~ unloaded wall seconds;
+SmolLM2-135M in fp32; 6 drafters x 4 schedulers registered):
 
-* ``fast`` (CI): ~20 s CPU synthetic + ~3 s per real configuration (>= 100 PIT tokens each): ~95-140 s CPU.
-* ``thorough``: 5x the synthetic samples, >= 5,000 PIT tokens per real configuration and the real-target
-  homogeneity test: TODO.
+* ``fast`` (CI): synthetic ~21 s CPU (3,000 sequences per chi-square, 2,000 per homogeneity arm, 4,096 PIT
+  tokens per scheduler) + real target ~3 s per configuration (>= 100 PIT tokens each, block 2): 102 s CPU in
+  all (154 s wall while other jobs kept the machine at load ~6).
+* ``thorough``: 5x the synthetic samples, >= 5,000 PIT tokens per real configuration (block 4) and the
+  real-target homogeneity test (480 requests per arm): ~100 s synthetic + ~210 s per real configuration
+  (measured on 2 drafters x 2 schedulers: 936 s CPU), i.e. ~86 min for 6 x 4 (extrapolated).
 """
 
 from __future__ import annotations

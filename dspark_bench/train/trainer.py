@@ -58,9 +58,10 @@ class TrainConfig:
     data: dict[str, Any] = field(default_factory=dict)  # provenance: data folder, its manifest hash, features
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.save_every < 1 or not self.lr > 0:
-            raise TrainError(f"steps, batch_size and save_every must be >= 1 and lr > 0 (got {self.steps}, "
-                             f"{self.batch_size}, {self.save_every}, {self.lr})")
+        counts = (self.steps, self.batch_size, self.save_every, self.keep_checkpoints)
+        if min(counts) < 1 or not self.lr > 0:
+            raise TrainError(f"steps, batch_size, save_every and keep_checkpoints must be >= 1 and lr > 0 "
+                             f"(got {counts}, lr {self.lr})")
         if self.micro_batch is not None and not 1 <= self.micro_batch <= self.batch_size:
             raise TrainError(f"micro_batch must be within 1..batch_size, got {self.micro_batch}")
         if self.warmup is not None and not 0 <= self.warmup < self.steps:
@@ -184,7 +185,7 @@ class Trainer:
     def restore(self, folder: Path) -> None:
         from safetensors.torch import load_file
 
-        state = torch.load(folder / STATE, map_location="cpu", weights_only=False)
+        state = torch.load(folder / STATE, map_location="cpu", weights_only=True)
         weights = load_file(str(folder / "model.safetensors"))
         self.module.load_state_dict({k: v.to(self.device) for k, v in weights.items()}, strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
