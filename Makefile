@@ -30,7 +30,9 @@ bench: setup
 
 # Fast regression gate on the embedded target (CI): a sampled run (tau, speedup), a greedy fp32 run (equality
 # with none), the fast lossless battery, then a comparison with the committed baseline.
-GATE_RUN = $(BIN)/dspark-bench run --target smollm2-135m --drafter none,ngram --suite all --limit 2 \
+# One torch thread: the same kernels (and so the same bf16 numerics) as when the baseline was recorded.
+GATE_ENV = OMP_NUM_THREADS=1
+GATE_RUN = $(GATE_ENV) $(BIN)/dspark-bench run --target smollm2-135m --drafter none,ngram --suite all --limit 2 \
 	--max-new-tokens 96 --seed 980406
 GATE_DIR ?= results/gate
 
@@ -38,7 +40,7 @@ gate-runs: setup
 	rm -rf $(GATE_DIR)
 	$(GATE_RUN) --temperature 1.0 --dtype bf16 --out $(GATE_DIR)/t1
 	$(GATE_RUN) --temperature 0 --dtype fp32 --out $(GATE_DIR)/t0
-	$(BIN)/dspark-bench check-lossless --mode fast --out $(GATE_DIR)/t1
+	$(GATE_ENV) $(BIN)/dspark-bench check-lossless --mode fast --out $(GATE_DIR)/t1
 
 gate: gate-runs
 	$(BIN)/dspark-bench gate --baseline baselines/smollm2-gate $(GATE_DIR)/t1 $(GATE_DIR)/t0

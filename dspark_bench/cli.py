@@ -2,34 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-stdout = Console(width=None if sys.stdout.isatty() else 160)
-
-# Errors that mean "bad input": reported as one clear line and exit status 2, without a traceback.
-_USER_ERRORS = (ValueError, FileNotFoundError)
-
-
-def _friendly(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except _USER_ERRORS as exc:
-            console.print(f"[bold red]error:[/] {exc}")
-            sys.exit(2)
-
-    return wrapper
+from dspark_bench.cli_common import console, friendly, parse_limit, parse_options, stdout
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,30 +19,6 @@ def _friendly(fn):
 def main(verbose: bool) -> None:
     """Benchmark speculative decoding: DSpark and its baselines behind one engine."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-
-
-def _parse_limit(value: str) -> int | None:
-    if value in ("all", "none", "0"):
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a count; give a positive integer or 'all'") from None
-    if n < 1:
-        raise click.BadParameter(f"{value!r}: give a positive integer or 'all'")
-    return n
-
-
-def _parse_options(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """``--drafter-opt NAME.KEY=VALUE`` pairs into {name: {key: value}}."""
-    opts: dict[str, dict[str, str]] = {}
-    for item in items:
-        head, sep, value = item.partition("=")
-        name, dot, key = head.partition(".")
-        if not sep or not dot or not name or not key:
-            raise click.BadParameter(f"{item!r}: expected DRAFTER.OPTION=VALUE, e.g. ngram.max_ngram=4")
-        opts.setdefault(name, {})[key] = value
-    return opts
 
 
 @main.command()
@@ -85,7 +43,7 @@ def _parse_options(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
 @click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")
 @click.option("--cache-dir", default=None, help="Where the embedded target's safetensors copy lives.")
-@_friendly
+@friendly
 def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, max_new_tokens, temperature,
         block_size, seed, dtype, repeats, concurrency, out, cache_dir):
     """Decode a suite with each drafter through the one engine and record the results."""
@@ -103,8 +61,9 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
     scheduler_class(scheduler)  # unknown names fail here, listing the known ones
     if repeats < 1:
         raise click.BadParameter(f"--repeats must be >= 1, got {repeats}")
-    spec = RunSpec(target=target, drafters=names, drafter_options=_parse_options(drafter_opt), scheduler=scheduler,
-                   scheduler_options=scheduler_opts, profile=profile_path, suite=suite, limit=_parse_limit(limit), max_new_tokens=max_new_tokens, temperature=temperature,
+    spec = RunSpec(target=target, drafters=names, drafter_options=parse_options(drafter_opt), scheduler=scheduler,
+                   scheduler_options=scheduler_opts, profile=profile_path, suite=suite, limit=parse_limit(limit),
+                   max_new_tokens=max_new_tokens, temperature=temperature,
                    block_size=block_size, seed=seed, dtype=dtype, repeats=repeats, concurrency=concurrency)
     from dspark_bench.engine import EngineConfig
 
@@ -204,7 +163,7 @@ def list_() -> None:
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
 @click.option("--out", default=None, help="JSON file for the measurements. Default: results/bench-<time>.json")
-@_friendly
+@friendly
 def bench(target, suite, limit, max_new_tokens, temperatures, repeats, dtype, out):
     """Speed of our loop (none, ngram) against HF generate() and HF prompt-lookup, side by side."""
     import json
@@ -246,7 +205,7 @@ def bench(target, suite, limit, max_new_tokens, temperatures, repeats, dtype, ou
 @click.option("--speedup-tol", default=0.20, show_default=True, help="Relative speedup-vs-none drop.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(path_type=Path),
               help="Also write the table as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
-@_friendly
+@friendly
 def gate(baseline_dir, runs, tau_tol, position_tol, speedup_tol, md_path):
     """Compare fresh RUNS with a committed baseline; exit 1 on a regression."""
     from dspark_bench.gate import Tolerances, compare, load_baseline, markdown, snapshot
@@ -278,7 +237,7 @@ def baseline() -> None:
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--name", required=True, help="Baseline name: written to baselines/NAME/.")
 @click.option("--root", default="baselines", show_default=True, type=click.Path(path_type=Path))
-@_friendly
+@friendly
 def baseline_update(runs, name, root):
     """Write a baseline from one or more recorded RUNS (review the diff before committing)."""
     from dspark_bench.gate import write_baseline
@@ -296,7 +255,7 @@ def baseline_update(runs, name, root):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default=None, type=click.Path(path_type=Path),
               help="Folder for lossless.json (e.g. a run folder). Default: results/lossless-<time>/.")
-@_friendly
+@friendly
 def check_lossless(target, drafter_list, scheduler_list, mode, seed, out):
     """Statistical battery: speculative decoding must reproduce the target law; negative controls must fail."""
     import json

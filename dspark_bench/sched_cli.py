@@ -12,7 +12,10 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from dspark_bench.cli import _friendly, _parse_limit, _parse_options, console, stdout
+from dspark_bench.cli_common import console, stdout
+from dspark_bench.cli_common import friendly as _friendly
+from dspark_bench.cli_common import parse_limit as _parse_limit
+from dspark_bench.cli_common import parse_options as _parse_options
 
 
 def _ints(value: str) -> tuple[int, ...]:

@@ -5,34 +5,17 @@ Attach both to the main group: ``main.add_command(report)`` and ``main.add_comma
 
 from __future__ import annotations
 
-import functools
-import sys
 import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table as RichTable
 
+from dspark_bench.cli_common import console, stdout
+from dspark_bench.cli_common import friendly as _friendly
 from dspark_bench.report.build import ReportResult, build_report
 from dspark_bench.report.load import load_inputs
 from dspark_bench.report.tables import Table
-
-console = Console(stderr=True, soft_wrap=True)
-stdout = Console()
-
-
-def _friendly(fn):
-    """Bad input (ValueError, FileNotFoundError) becomes one red line and exit status 2, without a traceback."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, FileNotFoundError) as exc:
-            console.print(f"[bold red]error:[/] {exc}")
-            sys.exit(2)
-
-    return wrapper
 
 
 def _print_table(t: Table) -> None:

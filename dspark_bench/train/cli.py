@@ -6,33 +6,16 @@ Attach to the main CLI with ``main.add_command(data)`` and ``main.add_command(tr
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
-import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-console = Console(stderr=True)
-stdout = Console()
-
-
-def _friendly(fn):
-    """Bad input (ValueError, FileNotFoundError) is one red line and exit status 2, not a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, FileNotFoundError) as exc:
-            console.print(f"[bold red]error:[/] {exc}")
-            sys.exit(2)
-
-    return wrapper
+from dspark_bench.cli_common import console, stdout
+from dspark_bench.cli_common import friendly as _friendly
 
 
 def _progress(label: str) -> Progress:
