@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run test lint bench gate gate-runs gate-baseline clean
+.PHONY: setup run test lint bench gate gate-runs gate-baseline example-report clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,12 @@ gate: gate-runs
 # Refresh the committed baseline (review the diff of baselines/smollm2-gate before committing it).
 gate-baseline: gate-runs
 	$(BIN)/dspark-bench baseline update $(GATE_DIR)/t1 $(GATE_DIR)/t0 --name smollm2-gate
+
+# The committed example report of the embedded default run (reports/example/).
+example-report: setup
+	rm -rf results/example-default
+	$(BIN)/dspark-bench run --out results/example-default
+	$(BIN)/dspark-bench report results/example-default -o reports/example
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
