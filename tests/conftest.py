@@ -34,6 +34,17 @@ def tiny_target(arch: str = "llama", seed: int = 0, vocab: int = 96, layers: int
     return Target(model.to(dtype), tokenizer=None, name=f"tiny-{arch}-{seed}")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module, restored afterwards: tiny models gain nothing from intra-op threads, and a
+    second OpenMP thread on a busy 2-core machine costs tens of times the work. Opt in per module with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny() -> Target:
     return tiny_target("llama")

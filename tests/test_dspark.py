@@ -61,14 +61,7 @@ def synthetic_batch(target, taps, rows=8, length=40, prompt=8, seed=0) -> TrainB
     return TrainBatch(ids, loss_mask, torch.ones(rows, length, dtype=torch.bool), layers, final)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and spinning OpenMP threads on a busy 2-core machine cost
-    tens of times the work; restore the setting for the rest of the session."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -32,13 +32,7 @@ APPENDIX_A = table_profile({1: 1.0, 2: 0.5, 3: 0.45})
 FLAT = table_profile({1: 1.0, 1000: 1.0})
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: a second torch thread only adds contention (10-30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @dataclass(eq=False)

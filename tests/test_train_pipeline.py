@@ -14,14 +14,7 @@ from torch import nn
 from dspark_bench.train import data, features, methods, prompts, trainer
 from dspark_bench.train.types import LossOutput
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run faster on one thread, and much faster on a CPU shared with other jobs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
