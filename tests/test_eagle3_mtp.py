@@ -12,6 +12,7 @@ from scipy.stats import chisquare
 
 from dspark_bench.drafters import deepseek_eagle3
 from dspark_bench.drafters.base import DraftContext, Slot
+from dspark_bench.drafters.blockloss import sample_positions
 from dspark_bench.drafters.checkpoint import CheckpointError
 from dspark_bench.drafters.eagle3 import (
     ChainState,
@@ -137,6 +138,41 @@ def test_eagle3_loss_composition(targets):
             want += 0.8**k * (ce[:, : n - 2 - k] * valid).sum() / (b * n)
     assert out.loss.item() == pytest.approx(float(want), rel=1e-5)
     assert out.acceptance.shape == (3,) and set(out.terms) == {"ce0", "ce1", "ce2", "loss"}
+
+
+def test_eagle3_anchored_loss(targets):
+    """num_anchors scores only sampled positions t whose step-0 token y_{t+2} is a response token, normalised by
+    B N; recomputed here position by position, for room for every such position and for fewer."""
+    target = targets["qwen3"]
+    model = make("eagle3", target).model
+    batch = train_batch(target, model.taps)
+    b, n = batch.input_ids.shape
+    first = torch.zeros_like(batch.loss_mask)
+    first[:, : n - 2] = batch.loss_mask[:, 2:] & batch.attention[:, : n - 2]
+    with torch.no_grad():
+        pi = torch.softmax(target.lm_head(batch.final), -1)
+        logq = [torch.log_softmax(target.lm_head(model.norm(h)), -1) for h in model.ttt_hiddens(batch, 3)]
+
+        def recomputed(rows: list[list[int]], width: int) -> float:
+            total = 0.0
+            for k in range(3):
+                for r, ts in enumerate(rows):
+                    for t in ts:
+                        if t + 2 + k < n and batch.loss_mask[r, t + 2 + k]:
+                            total += 0.8**k * float(-(pi[r, t + 1 + k] * logq[k][r, t]).sum()) / (b * width)
+            return total
+
+        every = model.loss(batch, torch.Generator().manual_seed(0), ttt_length=3, num_anchors=n)
+        rows = [torch.nonzero(first[r]).flatten().tolist() for r in range(b)]
+        assert every.loss.item() == pytest.approx(recomputed(rows, max(map(len, rows))), rel=1e-5)
+
+        few = model.loss(batch, torch.Generator().manual_seed(1), ttt_length=3, num_anchors=3)
+        where, keep = sample_positions(first.bool(), 3, torch.Generator().manual_seed(1))
+        assert keep.all() and bool(first.gather(1, where).all())
+        assert few.loss.item() == pytest.approx(recomputed(where.tolist(), 3), rel=1e-5)
+        assert few.loss.item() != pytest.approx(every.loss.item(), rel=1e-3)
+    with pytest.raises(ValueError, match="generator"):
+        model.loss(batch, None, ttt_length=2, num_anchors=3)
 
 
 def test_ttt_steps_equal_chain_drafting(targets):

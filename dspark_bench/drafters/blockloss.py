@@ -41,9 +41,17 @@ def sample_anchors(mask: torch.Tensor, count: int, generator: torch.Generator) -
     """Up to ``count`` anchors per row of mask [B, n] (bool), uniformly without replacement among positions p
     with mask[p] and mask[p+1], sorted ascending. Returns anchors [B, N] and keep [B, N] (False = dummy block,
     anchor 0), N = max(1, min(count, most valid anchors in a row))."""
-    b, n = mask.shape
-    valid = torch.zeros(b, n, dtype=torch.bool)
+    valid = torch.zeros(mask.shape, dtype=torch.bool)
     valid[:, :-1] = (mask[:, :-1] & mask[:, 1:]).cpu()
+    return sample_positions(valid, count, generator, mask.device)
+
+
+def sample_positions(valid: torch.Tensor, count: int, generator: torch.Generator,
+                     device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``count`` positions per row where valid [B, n] (bool, CPU) is True, uniformly without replacement,
+    sorted ascending: positions [B, N] and keep [B, N] (False = dummy, position 0), N as in :func:`sample_anchors`."""
+    b, n = valid.shape
+    device = valid.device if device is None else device
     width = max(1, min(count, int(valid.sum(1).max())))
     keys = torch.rand(b, n, generator=generator).masked_fill(~valid, 2.0)  # invalid positions sort last
     order = keys.argsort(dim=1)[:, :width]
@@ -51,7 +59,7 @@ def sample_anchors(mask: torch.Tensor, count: int, generator: torch.Generator) -
     key = torch.where(keep, order, n + torch.arange(width))  # dummies after the real anchors
     key = key.sort(dim=1).values
     keep = key < n
-    return torch.where(keep, key, 0).to(mask.device), keep.to(mask.device)
+    return torch.where(keep, key, 0).to(device), keep.to(device)
 
 
 def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor,

@@ -192,23 +192,50 @@ class Eagle3Model(ChainModel):
         return out
 
     def loss(self, batch: TrainBatch, generator: torch.Generator | None = None, ttt_length: int = 7,
-             step_decay: float = 0.8) -> LossOutput:
-        """TTT loss (SpecForge/DeepSpec ``compute_eagle3_loss``); deterministic, ``generator`` is unused.
+             step_decay: float = 0.8, num_anchors: int | None = None) -> LossOutput:
+        """TTT loss (SpecForge/DeepSpec ``compute_eagle3_loss``).
 
         Step k at position t is scored against pi_{t+1+k} (the target law of y_{t+2+k}) and counts when
         y_{t+2+k} is a response token: L = sum_k step_decay^k * sum_valid H(pi, q) / (B n), DeepSpec's
-        normaliser (all padded slots). Step weights are the reference's 0.8^k, not DSpark's exp(-(k-1)/4).
+        normaliser (all scored slots). Step weights are the reference's 0.8^k, not DSpark's exp(-(k-1)/4).
+
+        ``num_anchors`` (our addition for CPU budgets): score only that many positions per sequence, drawn with
+        ``generator`` uniformly among those whose step-0 token is a response token, and normalise by B N. The
+        hidden states of every position are still computed (each TTT step attends to all of them); only the
+        LM head, the target law and the loss are restricted, which is where the cost is. A position t then plays
+        the role of a block drafter's anchor t+1: it supervises the next ``ttt_length`` tokens, so with equal
+        ``num_anchors`` Eagle3 and the block drafters score the same number of predictions per sequence.
+        None scores every position (deterministic; ``generator`` unused).
         """
         from dspark_bench.train.types import LossOutput
 
         b, n = batch.input_ids.shape
-        pi = self.target_probs(batch.final)  # [B, n, V]
-        total, terms, accept = pi.new_zeros(()), {}, []
+        device = batch.input_ids.device
+        if num_anchors is None:
+            where = torch.arange(n, device=device).expand(b, n)
+            keep = torch.ones(b, n, dtype=torch.bool, device=device)
+        else:
+            from dspark_bench.drafters.blockloss import sample_positions
+
+            if generator is None:
+                raise ValueError("eagle3 loss with num_anchors needs a generator")
+            first = shift_left(batch.loss_mask.bool() & batch.attention.bool(), 2)
+            where, keep = sample_positions(first.cpu(), num_anchors, generator, device)
+        width = where.shape[1]
+
+        def at(x: torch.Tensor, offset: int) -> torch.Tensor:  # x [B, n, ...] at where + offset (clamped)
+            idx = (where + offset).clamp_max(n - 1)
+            if x.dim() == 2:
+                return x.gather(1, idx)
+            return x.gather(1, idx.unsqueeze(-1).expand(*idx.shape, x.shape[-1]))
+
+        total, terms, accept = batch.final.new_zeros((), dtype=torch.float32), {}, []
         for k, hidden in enumerate(self.ttt_hiddens(batch, ttt_length)):
-            logits, target = self.logits(hidden), shift_left(pi, 1 + k)
-            valid = shift_left(batch.loss_mask, 2 + k).float()
-            ce = soft_cross_entropy(logits, target)  # [B, n]
-            total = total + step_decay**k * (ce * valid).sum() / (b * n)
+            logits = self.logits(at(hidden, 0))
+            target = self.target_probs(at(batch.final, 1 + k))
+            valid = (keep & (where + 2 + k < n) & at(batch.loss_mask.bool(), 2 + k)).float()
+            ce = soft_cross_entropy(logits, target)  # [B, N]
+            total = total + step_decay**k * (ce * valid).sum() / (b * width)
             terms[f"ce{k}"] = float(masked_mean(ce.detach(), valid))
             accept.append(masked_mean(tv_acceptance(torch.softmax(logits.detach(), -1), target), valid))
         terms["loss"] = float(total.detach())

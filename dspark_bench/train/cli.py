@@ -211,7 +211,7 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
 @click.option("--micro-batch", default=None, type=int, help="Sequences per forward (gradient accumulation).")
 @click.option("--lr", default=6e-4, show_default=True, type=float)
 @click.option("--warmup", default=None, type=int, help="Warm-up steps. Default: 4% of --steps.")
-@click.option("--num-anchors", default=64, show_default=True, type=int, help="dspark/dflash: anchors per sequence.")
+@click.option("--num-anchors", default=64, show_default=True, type=int, help="dspark/dflash/eagle3: anchors (scored positions) per sequence.")
 @click.option("--block-size", default=7, show_default=True, type=int, help="dspark/dflash: block size G.")
 @click.option("--decay-gamma", default=4.0, show_default=True, type=float, help="dspark/dflash: gamma_w.")
 @click.option("--num-layers", default=1, show_default=True, type=int, help="dspark/dflash: backbone layers.")

@@ -11,7 +11,8 @@ Sizes (:class:`MethodOptions`; each method uses the fields listed in ``Method.op
 * ``dspark``/``dflash``: the block backbone of ``num_layers`` draft layers, block ``block_size`` (G),
   ``num_anchors`` anchors per sequence, position weights ``exp(-(k-1)/decay_gamma)``; DSpark adds the Markov head
   of rank ``markov_rank`` and the confidence head.
-* ``eagle3``: one fused decoder layer trained with a ``ttt_length``-step training-time test (weights 0.8^k).
+* ``eagle3``: one fused decoder layer trained with a ``ttt_length``-step training-time test (weights 0.8^k),
+  scored at ``num_anchors`` positions per sequence like the block drafters (same predictions per sequence).
 * ``mtp``: the DeepSeek-V3-style MTP module, one step (MTP-1), cross-entropy of the sampled token.
 
 ``decay_gamma`` defaults to 4.0, DeepSeek's released configs (``loss_decay_gamma`` = 4 with G = 7), not the
@@ -135,8 +136,8 @@ METHODS: MappingProxyType[str, Method] = MappingProxyType({
                      _taps, _block_loss, _save_block("dspark")),
     "dflash": Method("dflash", _BLOCK, _block_builder("dspark_bench.drafters.dflash", "DFlashModel", False),
                      _taps, _block_loss, _save_block("dflash")),
-    "eagle3": Method("eagle3", ("ttt_length", "seed", "taps"), _build_eagle3, _taps,
-                     lambda o: {"ttt_length": o.ttt_length}, _save_chain),
+    "eagle3": Method("eagle3", ("ttt_length", "num_anchors", "seed", "taps"), _build_eagle3, _taps,
+                     lambda o: {"ttt_length": o.ttt_length, "num_anchors": o.num_anchors}, _save_chain),
     "mtp": Method("mtp", ("seed",), _build_mtp, lambda t, o: (), lambda o: {}, _save_chain),  # reads only final
 })
 
