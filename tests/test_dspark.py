@@ -186,6 +186,15 @@ def test_markov_sampling_matches_teacher_forcing_and_uses_only_previous_token(ki
                 assert torch.equal(q[:, k], to_probs(base[:, k] + bias, 1.0))
 
 
+def test_markov_off_samples_from_the_backbone_alone():
+    """head None (DSpark's markov=False option): q_k = softmax(U_k), whatever the previous token."""
+    g = torch.Generator().manual_seed(3)
+    base, h = torch.randn(2, 4, 9, generator=g), torch.randn(2, 4, 6, generator=g)
+    tokens, q, prev = sample_markov(base, h, torch.tensor([0, 1]), None, 1.0,
+                                    [torch.Generator().manual_seed(i) for i in range(2)])
+    assert torch.equal(q, to_probs(base, 1.0)) and torch.equal(prev[:, 1:], tokens[:, :-1])
+
+
 # ---- (c) q is the law the tokens were drawn from -------------------------------------------------------------------
 def _chi2(counts: torch.Tensor, expected: torch.Tensor) -> float:
     """Chi-square p-value, pooling bins with expected count < 5."""

@@ -107,9 +107,10 @@ class ConfidenceHead(nn.Module):
         return self.proj(x).squeeze(-1)
 
 
-def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, head: MarkovHead, temperature: float,
-                  generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-to-right sampling of R blocks. base [R, G, V] fp32 logits U; h [R, G, d]; anchors [R].
+def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, head: MarkovHead | None,
+                  temperature: float, generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-to-right sampling of R blocks. base [R, G, V] fp32 logits U; h [R, G, d]; anchors [R]; head None:
+    no Markov term (each token from the backbone's logits alone, still sampled left to right).
 
     Returns tokens [R, G] (CPU), q [R, G, V] (the law each token was drawn from) and prev [R, G] (x_{k-1}).
     Token k depends on the backbone only through base[:, k] (and h[:, k] for gated/rnn) and on x_{k-1}.
@@ -120,8 +121,11 @@ def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, he
     prev, prevs, state = anchors, [], None
     for k in range(size):
         prevs.append(prev)
-        bias, state = head.step(h[:, k], prev, state)
-        q[:, k] = to_probs(base[:, k] + bias, temperature)
+        if head is None:
+            q[:, k] = to_probs(base[:, k], temperature)
+        else:
+            bias, state = head.step(h[:, k], prev, state)
+            q[:, k] = to_probs(base[:, k] + bias, temperature)
         tokens[:, k] = torch.tensor([sample(q[r, k], g) for r, g in enumerate(generators)])
         prev = tokens[:, k].to(base.device)
     return tokens, q, torch.stack(prevs, dim=1)
@@ -164,6 +168,7 @@ class DSparkDrafter(BlockDrafter):
         markov_rank: int = 64
         markov_head_type: str = "vanilla"  # vanilla | gated | rnn
         calibration: str | None = None  # STS calibration.json for confidence schedulers (default: next to checkpoint)
+        markov: bool = True  # False: draft from the backbone's logits alone (ablation; a degraded-drafter control)
 
     Model = DSparkModel
 
@@ -179,8 +184,8 @@ class DSparkDrafter(BlockDrafter):
         base = self.model.base_logits(h)
         anchors = torch.tensor([s.tokens[-1] for s in ctx.slots], device=h.device)
         t0 = _clock(h.device)
-        tokens, q, prev = sample_markov(base, h, anchors, self.model.markov_head, ctx.temperature,
-                                        [s.generator for s in ctx.slots])
+        head = self.model.markov_head if self.config.markov else None
+        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.temperature, [s.generator for s in ctx.slots])
         sequential_s = _clock(h.device) - t0
         logit = self.model.confidence_logit(h, prev)
         confidence = None if logit is None else torch.sigmoid(logit.float())
