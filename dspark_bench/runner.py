@@ -153,21 +153,28 @@ def calibration_for(drafter) -> str | None:
     if named:
         return str(named)
     ckpt = getattr(drafter.config, "checkpoint", None)
-    if ckpt and (Path(ckpt) / "calibration.json").is_file():
-        return str(Path(ckpt) / "calibration.json")
+    target = getattr(drafter, "target", None)
+    folder = Path(ckpt) if ckpt else (SHIPPED_DRAFTERS / target.name / drafter.name if target else None)
+    if folder is not None and (folder / "calibration.json").is_file():
+        return str(folder / "calibration.json")
     return None
 
 
-def scheduler_options(spec: RunSpec, drafter) -> dict:
-    """The scheduler's options: the spec's own, plus the run's profile and the drafter's calibration where the
-    scheduler takes them and the spec did not set them."""
-    cls, opts = scheduler_class(spec.scheduler), dict(spec.scheduler_options)
+def resolve_scheduler_options(scheduler: str, options: dict, profile: str | None, drafter) -> dict:
+    """``options`` plus ``profile`` and the drafter's calibration where the scheduler takes them and ``options``
+    did not set them (shared by runs, sweeps and the lm-eval model)."""
+    cls, opts = scheduler_class(scheduler), dict(options)
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-    if "profile" in fields and spec.profile and "profile" not in opts:
-        opts["profile"] = spec.profile
+    if "profile" in fields and profile and "profile" not in opts:
+        opts["profile"] = profile
     if getattr(cls, "reads_confidence", False) and "calibration" not in opts and calibration_for(drafter):
         opts["calibration"] = calibration_for(drafter)
     return opts
+
+
+def scheduler_options(spec: RunSpec, drafter) -> dict:
+    """The scheduler's options for a run: the spec's own, plus its profile and the drafter's calibration."""
+    return resolve_scheduler_options(spec.scheduler, spec.scheduler_options, spec.profile, drafter)
 
 
 def _plain(config) -> dict:

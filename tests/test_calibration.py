@@ -149,3 +149,23 @@ def test_calibration_is_found_with_the_drafter(tmp_path):
     named = SimpleNamespace(config=SimpleNamespace(calibration="x.json", checkpoint=str(tmp_path)))
     assert calibration_for(named) == "x.json"  # the config's own field wins
     assert calibration_for(SimpleNamespace(config=SimpleNamespace(checkpoint=None))) is None
+
+
+def test_shipped_calibration_reaches_runs_and_lm_eval_schedulers(tmp_path, monkeypatch):
+    """A drafter loaded from its shipped folder finds the calibration.json shipped beside it, and the options
+    every entry point resolves (runs, sweeps, lm-eval) carry it to confidence schedulers only."""
+    from types import SimpleNamespace
+
+    from dspark_bench import runner
+
+    monkeypatch.setattr(runner, "SHIPPED_DRAFTERS", tmp_path)
+    (tmp_path / "tiny" / "dspark").mkdir(parents=True)
+    (tmp_path / "tiny" / "dspark" / "calibration.json").write_text("{}")
+    drafter = SimpleNamespace(name="dspark", target=SimpleNamespace(name="tiny"),
+                              config=SimpleNamespace(checkpoint=None))
+    want = str(tmp_path / "tiny" / "dspark" / "calibration.json")
+    assert runner.calibration_for(drafter) == want
+    assert runner.resolve_scheduler_options("threshold", {}, None, drafter) == {"calibration": want}
+    assert "calibration" not in runner.resolve_scheduler_options("fixed", {}, None, drafter)
+    other = SimpleNamespace(name="dspark", target=SimpleNamespace(name="other"), config=SimpleNamespace(checkpoint=None))
+    assert runner.calibration_for(other) is None

@@ -55,6 +55,7 @@ from dspark_bench.results import (
     record_from_result,
     write_json,
 )
+from dspark_bench.runner import resolve_scheduler_options
 from dspark_bench.schedulers import create_scheduler
 from dspark_bench.suites import DEFAULT_SEED
 from dspark_bench.target import EMBEDDED, Target
@@ -165,11 +166,14 @@ class DSparkLM(LM):
         cfg = self.config
         EngineConfig(cfg.max_gen_toks, cfg.temperature, cfg.block_size, cfg.concurrency)  # validate early
         drafter_registry.drafter_class(cfg.drafter)  # fail on an unknown name before loading the target
-        self.scheduler = create_scheduler(cfg.scheduler, **scheduler_opts)
+        create_scheduler(cfg.scheduler, **{k: v for k, v in scheduler_opts.items() if k != "calibration"})
         self.target = target if isinstance(target, Target) else Target.load(
             cfg.target, cfg.dtype, cache_dir=cfg.cache_dir and Path(cfg.cache_dir),
             device=cfg.device and torch.device(cfg.device))
         self.drafter = drafter_registry.create(cfg.drafter, self.target, drafter_opts)
+        # as in runs: the drafter's calibration (and no profile: lm-eval passes one as scheduler.profile=...)
+        scheduler_opts = resolve_scheduler_options(cfg.scheduler, scheduler_opts, None, self.drafter)
+        self.scheduler = create_scheduler(cfg.scheduler, **scheduler_opts)
         self.max_length = cfg.max_length or int(getattr(self.target.config, "max_position_embeddings", 2048))
         self.records: list[RequestRecord] = []
         self._writer = RunWriter(cfg.records_dir, self._manifest(drafter_opts, scheduler_opts)) \
