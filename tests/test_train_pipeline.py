@@ -251,3 +251,12 @@ def test_cli_prompts_and_clear_errors(tmp_path):
     result = runner.invoke(cli, ["train", "--method", "dspark", "--data", str(tmp_path / "none"), "--out",
                                  str(tmp_path / "run")])
     assert result.exit_code == 2 and "training-data folder" in " ".join(result.output.split())
+
+
+def test_resume_accepts_the_same_data_folder_spelled_differently():
+    """'./data/x' and 'data/x' are one folder: a resume must not refuse it; another folder still differs."""
+    a = {"lr": 1, "data": {"folder": "./data/x", "features": "data/x/features", "manifest_sha256": "h"}}
+    b = {"lr": 1, "data": {"folder": "data/x", "features": "./data/x/features", "manifest_sha256": "h"}}
+    assert trainer._same_paths(a) == trainer._same_paths(b)
+    assert trainer._same_paths(a) != trainer._same_paths({**b, "data": {**b["data"], "folder": "data/y"}})
+    assert trainer._same_paths({"data": {"features": "online"}})["data"]["features"] == "online"

@@ -209,7 +209,7 @@ def _prepare(out: Path, config: TrainConfig, resume: bool) -> Path | None:
     if path.exists() and not resume:
         raise TrainError(f"{out} already holds a training run; pass --resume to continue it, or use a new --out")
     if path.exists():
-        have, want = json.loads(path.read_text()), json.loads(text)
+        have, want = _same_paths(json.loads(path.read_text())), _same_paths(json.loads(text))
         diff = sorted(k for k in want if have.get(k) != want[k])
         if diff:
             raise TrainError(f"cannot resume {out}: settings differ in {', '.join(diff)} "
@@ -218,6 +218,16 @@ def _prepare(out: Path, config: TrainConfig, resume: bool) -> Path | None:
     path.write_text(text + "\n")
     done = completed_checkpoints(out)
     return done[-1] if done and resume else None
+
+
+def _same_paths(config: dict) -> dict:
+    """The data provenance's paths normalised (``./data/x`` and ``data/x`` name the same folder on resume)."""
+    data = config.get("data")
+    if not isinstance(data, dict):
+        return config
+    norm = {k: os.path.normpath(v) if k in ("folder", "features") and isinstance(v, str) and v != "online" else v
+            for k, v in data.items()}
+    return {**config, "data": norm}
 
 
 def _truncate_log(path: Path, step: int) -> None:
