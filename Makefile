@@ -32,14 +32,17 @@ bench: setup
 # with none), the fast lossless battery, then a comparison with the committed baseline.
 # One torch thread: the same kernels (and so the same bf16 numerics) as when the baseline was recorded.
 GATE_ENV = OMP_NUM_THREADS=1
-GATE_RUN = $(GATE_ENV) $(BIN)/dspark-bench run --target smollm2-135m --drafter none,ngram --suite all --limit 2 \
-	--max-new-tokens 96 --seed 980406
+# Default drafters: none, ngram and every shipped reference drafter. 10 prompts per dataset (math 20, code 10,
+# chat 10: the gate judges a domain from 10 prompts up); greedy equality needs only a few prompts.
+GATE_SEED ?= 980406
+GATE_RUN = $(GATE_ENV) $(BIN)/dspark-bench run --target smollm2-135m --suite all --max-new-tokens 96 \
+	--concurrency 8 --seed $(GATE_SEED)
 GATE_DIR ?= results/gate
 
 gate-runs: setup
 	rm -rf $(GATE_DIR)
-	$(GATE_RUN) --temperature 1.0 --dtype bf16 --out $(GATE_DIR)/t1
-	$(GATE_RUN) --temperature 0 --dtype fp32 --out $(GATE_DIR)/t0
+	$(GATE_RUN) --limit 10 --temperature 1.0 --dtype bf16 --out $(GATE_DIR)/t1
+	$(GATE_RUN) --limit 2 --temperature 0 --dtype fp32 --concurrency 1 --out $(GATE_DIR)/t0
 	$(GATE_ENV) $(BIN)/dspark-bench check-lossless --mode fast --out $(GATE_DIR)/t1
 
 gate: gate-runs

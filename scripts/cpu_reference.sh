@@ -23,9 +23,9 @@ fi
 # 2. Target features, computed by the bf16 target (the dtype the drafters run against).
 [ -f "$D/features/manifest.json" ] || $BIN/dspark-bench data features --data "$D" --dtype bf16 --threads 2
 
-# 3. Same sequences, order, steps (120 x 8 sequences = 960, ~1.9 epochs) and scored predictions per sequence.
-S=(--data "$D" --steps 120 --batch-size 8 --micro-batch 4 --seed 42 --save-every 10 --dtype bf16 --threads 1
-   --num-anchors 64 --resume)
+# 3. Same sequences, order, steps (480 x 4 sequences = 1,920, ~3.8 epochs) and scored predictions per sequence.
+S=(--data "$D" --steps 480 --batch-size 4 --micro-batch 4 --seed 42 --save-every 40 --dtype bf16 --threads 1
+   --num-anchors 32 --resume)
 train() {  # train NAME METHOD [OPTIONS]: one run folder per name
   local name=$1 method=$2; shift 2
   $BIN/dspark-bench train --method "$method" --out "$R/$name" "${S[@]}" "$@" > "$R/$name.log" 2>&1
