@@ -137,3 +137,15 @@ def test_block_size_mismatch_is_an_error(tmp_path, gamma):
     other = dict(base, gamma=gamma)
     with pytest.raises(GateError, match="block size"):
         compare(base, other)
+
+
+def test_interval_widens_with_the_number_of_checks():
+    """Bonferroni split: the same data judged as one of 20 checks gets a wider upper bound, so a borderline drop
+    is harder to fail when it is one of many (the family-wise false-fail rate stays at 5%)."""
+    rng = np.random.default_rng(0)
+    base = {f"p{i}": [int(rng.integers(25, 35)), 10] for i in range(20)}
+    new = {k: [c - int(rng.integers(1, 4)), r] for k, (c, r) in base.items()}  # about 7% lower, noisy
+    alone, many = tau_check("x", base, new, Tolerances()), tau_check("x", base, new, Tolerances(), checks=20)
+    width = [float(c.interval.split("[")[1].split(",")[1].rstrip("]")) for c in (alone, many)]
+    assert width[1] > width[0]
+    assert alone.verdict == "fail"
