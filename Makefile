@@ -35,7 +35,7 @@ GATE_ENV = OMP_NUM_THREADS=1
 # Default drafters: none, ngram and every shipped reference drafter. 10 prompts per dataset (math 20, code 10,
 # chat 10: the gate judges a domain from 10 prompts up); greedy equality needs only a few prompts.
 GATE_SEED ?= 980406
-GATE_RUN = $(GATE_ENV) $(BIN)/dspark-bench run --target smollm2-135m --suite all --max-new-tokens 96 \
+GATE_RUN = $(GATE_ENV) $(BIN)/dspark-bench run --target smollm2-135m --suite all --max-new-tokens 64 \
 	--concurrency 8 --seed $(GATE_SEED)
 GATE_DIR ?= results/gate
 

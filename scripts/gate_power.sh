@@ -21,7 +21,7 @@ case_run() {  # case_run NAME SEED [--drafter-opt ...]
   local name=$1 seed=$2; shift 2
   [ -f "$OUT/$name/verdict" ] && return 0
   rm -rf "$OUT/$name"
-  $BIN/dspark-bench run --target smollm2-135m --suite all --max-new-tokens 96 --concurrency 8 --limit 10 \
+  $BIN/dspark-bench run --target smollm2-135m --suite all --max-new-tokens 64 --concurrency 8 --limit 10 \
     --temperature 1.0 --dtype bf16 --seed "$seed" --out "$OUT/$name/t1" "$@" > "$OUT/$name.log" 2>&1
   if $BIN/dspark-bench gate --baseline "$BASELINE" "$OUT/$name/t1" --markdown "$OUT/$name/gate.md" >> "$OUT/$name.log" 2>&1
   then echo pass > "$OUT/$name/verdict"; else echo fail > "$OUT/$name/verdict"; fi
@@ -33,9 +33,9 @@ lane() {  # lane K: every other case
     i=$((i + 1))
   done
   if [ "$k" -eq 0 ]; then
-    case_run degraded-markov-off-a 1 --drafter-opt dspark.markov=false
+    case_run degraded-dspark-perturb0.3 $((980406 + 104729)) --drafter-opt dspark.perturb=0.3
   else
-    case_run degraded-markov-off-b 2 --drafter-opt dspark.markov=false
+    case_run degraded-dspark-markov-off $((980406 + 130363)) --drafter-opt dspark.markov=false
   fi
 }
 lane 0 & A=$!

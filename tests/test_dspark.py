@@ -449,3 +449,20 @@ def test_sampling_run_reports_confidence_and_sequential_time(trained, llama):
     assert all(r.confidence is not None and len(r.confidence) == r.proposed for r in rounds)
     assert all(0.0 <= c <= 1.0 for r in rounds for c in r.confidence)
     assert all(r.sequential_s > 0 for r in rounds)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_perturb_degrades_reproducibly(llama, name):
+    """perturb=s adds seeded noise of s x each tensor's std to the drafter's weights (a degraded control for
+    gates): same seed, same weights; every tensor moved by about s of its spread; the target is untouched."""
+    clean, a, b = (make(name, llama, seed=3, **opts) for opts in ({}, {"perturb": 0.5}, {"perturb": 0.5}))
+    target_before = llama.model.lm_head.weight.clone()
+    for (key, w0), wa, wb in zip(clean.model.state_dict().items(), a.model.state_dict().values(),
+                                 b.model.state_dict().values(), strict=True):
+        assert torch.equal(wa, wb), key
+        if w0.is_floating_point() and w0.numel() > 1 and w0.float().std() > 0:  # (constant norms: no spread)
+            moved = float((wa - w0).float().std() / w0.float().std())
+            assert 0.4 < moved < 0.6, (key, moved)
+    assert torch.equal(llama.model.lm_head.weight, target_before)
+    with pytest.raises(registry.DrafterError, match="perturb"):
+        make(name, llama, perturb=-1.0)

@@ -56,6 +56,20 @@ class BlockConfig:
     mask_token_id: int | None = None  # None: a learned mask embedding (see blockdraft's docstring)
     block_size: int = 7  # G in training; inference proposes the engine's block size
     seed: int = 0  # seed of the random initialisation
+    perturb: float = 0.0  # degraded-drafter control: add N(0, (perturb * std of each weight tensor)^2), seeded
+
+
+def perturb_weights(model: torch.nn.Module, scale: float, seed: int) -> None:
+    """Add seeded Gaussian noise of ``scale`` x each floating tensor's own std to the drafter's trained weights
+    (the frozen target is not part of the model's parameters). A deliberately degraded drafter for gate tests."""
+    if not scale > 0:
+        raise DrafterError(f"perturb must be a positive noise scale, got {scale}")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.is_floating_point() and p.numel() > 1:
+                noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+                p.add_((noise * scale * p.float().std()).to(p.dtype))
 
 
 def parse_taps(taps: Any, num_layers: int) -> tuple[int, ...]:
@@ -101,6 +115,8 @@ class BlockDrafter(Drafter):
     def __init__(self, config: BlockConfig, target: Target):
         super().__init__(config, target)
         self.model = load_model(type(self).Model, self.name, config, target, self.arch_fields(config, target))
+        if config.perturb:
+            perturb_weights(self.model, config.perturb, config.seed)
 
     def arch_fields(self, config: BlockConfig, target: Target) -> dict[str, Any]:
         """Architecture fields of a freshly initialised drafter (used only without a checkpoint)."""
