@@ -22,13 +22,21 @@ if [ ! -f "$SHIPPED/calibration.json" ]; then
     --max-new-tokens 128 --threads 1 --out "$OUT/calibration" > "$OUT/calibration.log" 2>&1
   cp "$OUT/calibration/calibration.json" "$SHIPPED/calibration.json"
 fi
-[ -f "$OUT/sweep/sweep.json" ] || $BIN/dspark-bench sweep --drafter dspark --concurrency 1,4,16 \
-  --scheduler fixed,threshold,hardware-aware,async --fixed-lengths 1,2,3 --baseline none,mtp \
-  --limit 4 --max-new-tokens 64 --repeats 2 --profile "$PROFILE" --threads 1 --out "$OUT/sweep" > "$OUT/sweep.log" 2>&1
+# One sweep per concurrency (R = 1 on 2 prompts per dataset, R = 4 and 16 on 4), two passes in ABBA order.
+sweep() {  # sweep R LIMIT
+  [ -f "$OUT/sweep-r$1/sweep.json" ] || $BIN/dspark-bench sweep --drafter dspark --concurrency "$1" \
+    --scheduler fixed,threshold,hardware-aware,async --fixed-lengths 1,2,3 --baseline none,mtp \
+    --limit "$2" --max-new-tokens 64 --repeats 2 --profile "$PROFILE" --threads 1 --out "$OUT/sweep-r$1" \
+    > "$OUT/sweep-r$1.log" 2>&1
+}
+sweep 16 4
+sweep 1 2
+[ "${FULL:-0}" = 1 ] || { echo "done: $OUT (FULL=1 adds R = 4 and the threshold sweep)"; exit 0; }
+sweep 4 4
 [ -f "$OUT/theta/sweep.json" ] || $BIN/dspark-bench sweep --drafter dspark --concurrency 4 --threshold-sweep \
   --baseline none --limit 4 --max-new-tokens 64 --profile "$PROFILE" --threads 1 --out "$OUT/theta" > "$OUT/theta.log" 2>&1
 if [ -n "$OFFLINE" ] && [ ! -f "$OUT/simulate.json" ]; then
-  $BIN/dspark-bench simulate --records "$OFFLINE" --profile "$PROFILE" --sweep "$OUT/sweep" \
+  $BIN/dspark-bench simulate --records "$OFFLINE" --profile "$PROFILE" --sweep "$OUT/sweep-r1,$OUT/sweep-r4,$OUT/sweep-r16" \
     --out "$OUT/simulate.json" > "$OUT/simulate.log" 2>&1
 fi
 echo "done: $OUT"
