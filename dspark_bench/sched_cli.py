@@ -224,6 +224,8 @@ def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_
 @click.command()
 @click.option("--records", "records_dirs", required=True, help="Comma list of run folders with fixed-length rounds.")
 @click.option("--profile", "profile_path", required=True, help="profile.json (SPS table) to replay against.")
+@click.option("--drafter", "drafter_name", default=None,
+              help="Replay this drafter's records (required when the folders hold several drafters).")
 @click.option("--scheduler", "scheduler_list", default="fixed,hardware-aware,async", show_default=True)
 @click.option("--scheduler-opt", multiple=True, help="Scheduler option SCHEDULER.KEY=VALUE (repeatable).")
 @click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", show_default=True)
@@ -234,16 +236,24 @@ def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_
               help="Scale the profile's step times by the records' median measured/profiled verify time.")
 @click.option("--out", default="simulate.json", show_default=True)
 @_friendly
-def simulate(records_dirs, profile_path, scheduler_list, scheduler_opt, concurrency, layout, sweep_dirs, block_size,
-             calibrate_clock, out):
+def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler_opt, concurrency, layout, sweep_dirs,
+             block_size, calibrate_clock, out):
     """SIMULATED: replay recorded rounds against an SPS table up to high concurrency."""
     from dspark_bench import simulate as sim
     from dspark_bench.profile import load_profile
     from dspark_bench.sweep import parse_scheduler, split_schedulers
 
     records = [r for d in _names(records_dirs) for r in _read_any(d) if r.scheduler == "fixed"]
+    found = sorted({r.drafter for r in records})
+    if drafter_name is None and len(found) > 1:
+        raise ValueError(f"{records_dirs} hold records of several drafters ({', '.join(found)}): choose one with "
+                         "--drafter (a replay mixes no drafters)")
+    if drafter_name is not None:
+        records = [r for r in records if r.drafter == drafter_name]
     if not records:
-        raise ValueError(f"no fixed-scheduler records in {records_dirs}: the replay needs full-verification rounds")
+        raise ValueError(f"no fixed-scheduler records{f' of {drafter_name}' if drafter_name else ''} in "
+                         f"{records_dirs} (found: {', '.join(found) or 'none'}): the replay needs full-verification "
+                         "rounds")
     table, opts = load_profile(profile_path), _parse_options(scheduler_opt)
     overhead, scale = sim.fit_overhead(records), sim.clock_scale(records, table, layout) if calibrate_clock else 1.0
     cells = [(name, {**opts.get(name, {}), **inline}) for name, inline in map(parse_scheduler,
@@ -251,6 +261,7 @@ def simulate(records_dirs, profile_path, scheduler_list, scheduler_opt, concurre
     rows = sim.project(sim.traces_from_records(records), table, cells, _ints(concurrency), layout, overhead,
                        block_size, scale)
     result = {"simulated": True, "note": sim.__doc__.split("\n\n")[0], "profile": profile_path,
+              "drafter": records[0].drafter,
               "machine": table.machine, "layout": layout, "overhead": overhead, "clock_scale": scale,
               "traces": len(records), "rows": rows}
     if sweep_dirs:

@@ -326,3 +326,30 @@ def test_cli_commands_parse():
         assert result.exit_code == 0 and "Usage" in result.output
     bad = CliRunner().invoke(sweep, ["--scheduler", "fixed,nope", "--concurrency", "1"])
     assert bad.exit_code == 2 and "unknown scheduler 'nope'" in bad.output
+
+
+def test_simulate_replays_one_drafter(tmp_path):
+    """A run folder with several drafters must not be replayed as one population: simulate asks for --drafter,
+    and with it replays exactly that drafter's fixed-length records."""
+    from click.testing import CliRunner
+
+    from dspark_bench.results import RequestRecord, RunWriter
+    from dspark_bench.sched_cli import simulate
+
+    run = tmp_path / "run"
+    with RunWriter(run, {"schema_version": 1, "args": {"block_size": 3}}) as w:
+        for i, (name, acc) in enumerate([("none", 0), ("dspark", 2), ("dspark", 1), ("dflash", 0)]):
+            rounds = ((3, 3, acc, acc + 1),) * 4
+            w.add(RequestRecord(name, "fixed", "ds", "math", f"p{i}", i, 0, i, 1, "ok", "length", 5,
+                                tuple(range(1 + 4 * (acc + 1))), rounds, ((0.01, 0.04, 0.0, 0.0),) * 4, 0.1, 0.2,
+                                confidence=((0.9, 0.5, 0.2),) * 4 if name == "dspark" else None))
+    save_profile(FLAT, tmp_path / "p.json")
+    args = ["--records", str(run), "--profile", str(tmp_path / "p.json"), "--concurrency", "1", "--scheduler", "fixed"]
+    mixed = CliRunner().invoke(simulate, [*args, "--out", str(tmp_path / "s.json")])
+    assert mixed.exit_code == 2 and "several drafters (dflash, dspark, none)" in mixed.output
+    ok = CliRunner().invoke(simulate, [*args, "--drafter", "dspark", "--out", str(tmp_path / "s.json")])
+    assert ok.exit_code == 0, ok.output
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert result["drafter"] == "dspark" and result["traces"] == 2
+    missing = CliRunner().invoke(simulate, [*args, "--drafter", "eagle3", "--out", str(tmp_path / "s.json")])
+    assert missing.exit_code == 2 and "of eagle3" in missing.output
