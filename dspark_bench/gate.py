@@ -18,7 +18,8 @@ Decision rules:
   r_j < 1 - position tol **and** the upper end of the per-prompt bootstrap interval of r_j is below 1. Rounds
   of one prompt are correlated (an easy prompt accepts often at every position), so prompts, not rounds, are the
   resampled units (a two-proportion test over pooled rounds would treat them as independent and understate the
-  noise).
+  noise). A position reached in fewer than ``min_prompts`` prompts of either run is reported, not judged (a weak
+  drafter reaches position 7 in a round or two: measured, an unchanged Eagle3 "failed" accept@7 on 1 round).
 * **Interval levels**: a gate makes many checks, so each family (the tau checks; the position checks) gets a
   family-wise error of ``family_alpha`` (5%) split Bonferroni-wise: with m checks, each interval is two-sided at
   1 - 0.05/m. Without the split, 20 independent tau checks at 95%, each with a one-sided false-fail chance of
@@ -192,6 +193,11 @@ def position_checks(name: str, base: dict, new: dict, tol: Tolerances,
         if not sb or not sn:
             continue
         rate_b, rate_n = ab[:, j].sum() / sb, an[:, j].sum() / sn
+        reached = min(int((eb[:, j] > 0).sum()), int((en[:, j] > 0).sum()))
+        if reached < tol.min_prompts:  # deep positions of a weak drafter: a handful of rounds from a few prompts
+            out.append(Check(f"accept@{j + 1}", name, float(rate_b), float(rate_n), f"n {int(sb)}/{int(sn)}",
+                             f"n/a: reached in {reached} prompts < {tol.min_prompts}"))
+            continue
         col = boot[:, j][np.isfinite(boot[:, j])]
         tail = tol.family_alpha / (2 * checks)  # Bonferroni over the run's position checks
         hi = float(np.quantile(col, 1 - tail)) if col.size else math.inf

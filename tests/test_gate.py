@@ -9,7 +9,15 @@ import pytest
 from click.testing import CliRunner
 
 from dspark_bench.cli import main
-from dspark_bench.gate import GateError, Tolerances, compare, snapshot, tau_check, write_baseline
+from dspark_bench.gate import (
+    GateError,
+    Tolerances,
+    compare,
+    position_checks,
+    snapshot,
+    tau_check,
+    write_baseline,
+)
 from dspark_bench.metrics import summarize
 from dspark_bench.results import RequestRecord, RunWriter, write_json
 
@@ -149,3 +157,12 @@ def test_interval_widens_with_the_number_of_checks():
     width = [float(c.interval.split("[")[1].split(",")[1].rstrip("]")) for c in (alone, many)]
     assert width[1] > width[0]
     assert alone.verdict == "fail"
+
+
+def test_rarely_reached_position_is_reported_not_judged():
+    """A position reached in one prompt per run (1/1 accepted before, 0/1 now) must not fail the gate."""
+    base = {"position_prompts": {f"p{i}": [[10, 1 if i == 0 else 0], [5, 1 if i == 0 else 0]] for i in range(12)}}
+    new = {"position_prompts": {f"p{i}": [[10, 1 if i == 0 else 0], [5, 0]] for i in range(12)}}
+    checks = {c.metric: c for c in position_checks("d", base, new, Tolerances())}
+    assert checks["accept@2"].verdict.startswith("n/a: reached in 1 prompts") and not checks["accept@2"].failed
+    assert checks["accept@1"].verdict == "pass"
