@@ -351,5 +351,8 @@ def test_simulate_replays_one_drafter(tmp_path):
     assert ok.exit_code == 0, ok.output
     result = json.loads((tmp_path / "s.json").read_text())
     assert result["drafter"] == "dspark" and result["traces"] == 2
+    from dspark_bench.report.inputs import parse_simulate
+
+    assert parse_simulate(result, tmp_path / "s.json").rows  # what simulate writes, the report reads
     missing = CliRunner().invoke(simulate, [*args, "--drafter", "eagle3", "--out", str(tmp_path / "s.json")])
     assert missing.exit_code == 2 and "of eagle3" in missing.output
