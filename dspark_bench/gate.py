@@ -18,8 +18,10 @@ Decision rules:
   r_j < 1 - position tol **and** the upper end of the per-prompt bootstrap interval of r_j is below 1. Rounds
   of one prompt are correlated (an easy prompt accepts often at every position), so prompts, not rounds, are the
   resampled units (a two-proportion test over pooled rounds would treat them as independent and understate the
-  noise). A position reached in fewer than ``min_prompts`` prompts of either run is reported, not judged (a weak
-  drafter reaches position 7 in a round or two: measured, an unchanged Eagle3 "failed" accept@7 on 1 round).
+  noise). A position reached in fewer than ``min_prompts`` prompts or ``min_examined`` (100) rounds of either run
+  is reported, not judged: a weak drafter reaches its deep positions in a handful of rounds, where the bootstrap
+  degenerates (measured: an unchanged Eagle3 "failed" accept@7 on 1 round, and an unchanged DFlash accept@4 on
+  3/13 vs 0/13 accepted, whose bootstrap ratios are all 0; Fisher's exact test gives p = 0.11 there).
 * **Interval levels**: a gate makes many checks, so each family (the tau checks; the position checks) gets a
   family-wise error of ``family_alpha`` (5%) split Bonferroni-wise: with m checks, each interval is two-sided at
   1 - 0.05/m. Without the split, 20 independent tau checks at 95%, each with a one-sided false-fail chance of
@@ -58,6 +60,7 @@ class Tolerances:
     n_boot: int = 20000
     family_alpha: float = 0.05  # per family (all tau checks; all position checks), split Bonferroni-wise
     min_prompts: int = 10  # fewer prompts than this per scope: a bootstrap interval is too narrow to trust
+    min_examined: int = 100  # fewer rounds reaching a position: its rate is too coarse for a 10% tolerance
     seed: int = 0
 
 
@@ -194,9 +197,11 @@ def position_checks(name: str, base: dict, new: dict, tol: Tolerances,
             continue
         rate_b, rate_n = ab[:, j].sum() / sb, an[:, j].sum() / sn
         reached = min(int((eb[:, j] > 0).sum()), int((en[:, j] > 0).sum()))
-        if reached < tol.min_prompts:  # deep positions of a weak drafter: a handful of rounds from a few prompts
+        if reached < tol.min_prompts or min(sb, sn) < tol.min_examined:  # too little data to judge (docstring)
+            why = (f"reached in {reached} prompts < {tol.min_prompts}" if reached < tol.min_prompts
+                   else f"{int(min(sb, sn))} rounds reached it < {tol.min_examined}")
             out.append(Check(f"accept@{j + 1}", name, float(rate_b), float(rate_n), f"n {int(sb)}/{int(sn)}",
-                             f"n/a: reached in {reached} prompts < {tol.min_prompts}"))
+                             f"n/a: {why}"))
             continue
         col = boot[:, j][np.isfinite(boot[:, j])]
         tail = tol.family_alpha / (2 * checks)  # Bonferroni over the run's position checks

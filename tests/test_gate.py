@@ -166,3 +166,8 @@ def test_rarely_reached_position_is_reported_not_judged():
     checks = {c.metric: c for c in position_checks("d", base, new, Tolerances())}
     assert checks["accept@2"].verdict.startswith("n/a: reached in 1 prompts") and not checks["accept@2"].failed
     assert checks["accept@1"].verdict == "pass"
+    # reached in every prompt but only 13 rounds in all: 3/13 then 0/13 is no evidence (Fisher p = 0.11)
+    few = {"position_prompts": {f"p{i}": [[1, 1], [1, 1 if i < 3 else 0]] for i in range(13)}}
+    none_now = {"position_prompts": {f"p{i}": [[1, 1], [1, 0]] for i in range(13)}}
+    check = {c.metric: c for c in position_checks("d", few, none_now, Tolerances())}["accept@2"]
+    assert check.verdict.startswith("n/a: 13 rounds reached it < 100") and not check.failed
