@@ -27,6 +27,7 @@ case_run() {  # case_run NAME SEED [--drafter-opt ...]
 }
 judge() {  # judge NAME: compare a case's run with the baseline (cheap; the summary re-judges every case)
   local rc=0
+  rm -f "$OUT/$1/gate.md"  # --markdown appends (as to a CI job summary)
   $BIN/dspark-bench gate --baseline "$BASELINE" "$OUT/$1/t1" --markdown "$OUT/$1/gate.md" > "$OUT/$1/gate.log" 2>&1 || rc=$?
   case $rc in 0) echo pass ;; 1) echo fail ;; *) echo "error (exit $rc, see $OUT/$1/gate.log)" ;; esac > "$OUT/$1/verdict"
 }
