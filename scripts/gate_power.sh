@@ -38,9 +38,10 @@ lane() {  # lane K: every other case
     i=$((i + 1))
   done
   if [ "$k" -eq 0 ]; then
-    case_run degraded-dspark-perturb0.3 $((980406 + 104729)) --drafter-opt dspark.perturb=0.3
+    for p in 0.3 1.0; do case_run "degraded-dspark-perturb$p" $((980406 + 104729)) --drafter-opt "dspark.perturb=$p"; done
   else
     case_run degraded-dspark-markov-off $((980406 + 130363)) --drafter-opt dspark.markov=false
+    for p in 0.6 3.0; do case_run "degraded-dspark-perturb$p" $((980406 + 104729)) --drafter-opt "dspark.perturb=$p"; done
   fi
 }
 lane 0 & A=$!
