@@ -22,17 +22,19 @@ if [ ! -f "$SHIPPED/calibration.json" ]; then
     --max-new-tokens 128 --threads 1 --out "$OUT/calibration" > "$OUT/calibration.log" 2>&1
   cp "$OUT/calibration/calibration.json" "$SHIPPED/calibration.json"
 fi
-# One sweep per concurrency (R = 1 on 2 prompts per dataset, R = 4 and 16 on 4), two passes in ABBA order.
-sweep() {  # sweep R LIMIT
+# One sweep per concurrency: R = 16 on 4 prompts per dataset and R = 1 on 2, two passes in ABBA order; with
+# FULL=1 also R = 4 and 8 on 2 prompts per dataset, one pass.
+sweep() {  # sweep R LIMIT [REPEATS]
   [ -f "$OUT/sweep-r$1/sweep.json" ] || $BIN/dspark-bench sweep --drafter dspark --concurrency "$1" \
     --scheduler fixed,threshold,hardware-aware,async --fixed-lengths 1,2,3 --baseline none,mtp \
-    --limit "$2" --max-new-tokens 64 --repeats 2 --profile "$PROFILE" --threads 1 --out "$OUT/sweep-r$1" \
+    --limit "$2" --max-new-tokens 64 --repeats "${3:-2}" --profile "$PROFILE" --threads 1 --out "$OUT/sweep-r$1" \
     > "$OUT/sweep-r$1.log" 2>&1
 }
 sweep 16 4
 sweep 1 2
-[ "${FULL:-0}" = 1 ] || { echo "done: $OUT (FULL=1 adds R = 4 and the threshold sweep)"; exit 0; }
-sweep 4 4
+[ "${FULL:-0}" = 1 ] || { echo "done: $OUT (FULL=1 adds R = 4, 8 and the threshold sweep)"; exit 0; }
+sweep 4 2 1
+sweep 8 2 1
 [ -f "$OUT/theta/sweep.json" ] || $BIN/dspark-bench sweep --drafter dspark --concurrency 4 --threshold-sweep \
   --baseline none --limit 4 --max-new-tokens 64 --profile "$PROFILE" --threads 1 --out "$OUT/theta" > "$OUT/theta.log" 2>&1
 if [ -n "$OFFLINE" ] && [ ! -f "$OUT/simulate.json" ]; then
