@@ -32,13 +32,13 @@ sweep() {  # sweep R LIMIT [REPEATS]
 }
 sweep 16 4
 sweep 1 2
+if [ -n "$OFFLINE" ] && [ ! -f "$OUT/simulate.json" ]; then
+  $BIN/dspark-bench simulate --records "$OFFLINE" --drafter dspark --profile "$PROFILE" --sweep "$OUT/sweep-r16" \
+    --out "$OUT/simulate.json" > "$OUT/simulate.log" 2>&1
+fi
 [ "${FULL:-0}" = 1 ] || { echo "done: $OUT (FULL=1 adds R = 4, 8 and the threshold sweep)"; exit 0; }
 sweep 4 2 1
 sweep 8 2 1
 [ -f "$OUT/theta/sweep.json" ] || $BIN/dspark-bench sweep --drafter dspark --concurrency 4 --threshold-sweep \
   --baseline none --limit 4 --max-new-tokens 64 --profile "$PROFILE" --threads 1 --out "$OUT/theta" > "$OUT/theta.log" 2>&1
-if [ -n "$OFFLINE" ] && [ ! -f "$OUT/simulate.json" ]; then
-  $BIN/dspark-bench simulate --records "$OFFLINE" --profile "$PROFILE" --sweep "$OUT/sweep-r1,$OUT/sweep-r4,$OUT/sweep-r16" \
-    --out "$OUT/simulate.json" > "$OUT/simulate.log" 2>&1
-fi
 echo "done: $OUT"
