@@ -167,8 +167,10 @@ def resolve_scheduler_options(scheduler: str, options: dict, profile: str | None
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     if "profile" in fields and profile and "profile" not in opts:
         opts["profile"] = profile
-    if getattr(cls, "reads_confidence", False) and "calibration" not in opts and calibration_for(drafter):
-        opts["calibration"] = calibration_for(drafter)
+    if getattr(cls, "reads_confidence", False) and "calibration" not in opts:
+        found = calibration_for(drafter)
+        if found:
+            opts["calibration"] = found
     return opts
 
 
