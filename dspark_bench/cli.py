@@ -34,17 +34,21 @@ def main(verbose: bool) -> None:
 @click.option("--suite", default="all", show_default=True,
               help="Comma list of domains (math, code, chat), dataset names, 'all', or .jsonl paths.")
 @click.option("--limit", default="3", show_default=True, help="Prompts per dataset (after the seeded shuffle), or 'all'.")
+@click.option("--skip", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Leave out the first N prompts of each dataset, keeping the others' numbers and seeds: "
+                   "--skip 32 --limit 100 decodes the prompts a --limit 100 run adds to a --limit 32 one.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--temperature", default=1.0, show_default=True, type=float)
 @click.option("--block-size", default=7, show_default=True, type=int, help="Draft tokens per round (gamma).")
-@click.option("--seed", default=980406, show_default=True, type=int, help="Base seed; request i uses seed + i.")
+@click.option("--seed", default=980406, show_default=True, type=int,
+              help="Base seed; the request of a dataset's i-th prompt uses seed + i.")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
 @click.option("--repeats", default=1, show_default=True, type=int, help="Timing repeats (same seeds); medians reported.")
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
 @click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")
 @click.option("--cache-dir", default=None, help="Where the embedded target's safetensors copy lives.")
 @friendly
-def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, max_new_tokens, temperature,
+def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip, max_new_tokens, temperature,
         block_size, seed, dtype, repeats, concurrency, out, cache_dir):
     """Decode a suite with each drafter through the one engine and record the results."""
     from dspark_bench import drafters
@@ -63,12 +67,15 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
         raise click.BadParameter(f"--repeats must be >= 1, got {repeats}")
     spec = RunSpec(target=target, drafters=names, drafter_options=parse_options(drafter_opt), scheduler=scheduler,
                    scheduler_options=scheduler_opts, profile=profile_path, suite=suite, limit=parse_limit(limit),
-                   max_new_tokens=max_new_tokens, temperature=temperature,
+                   skip=skip, max_new_tokens=max_new_tokens, temperature=temperature,
                    block_size=block_size, seed=seed, dtype=dtype, repeats=repeats, concurrency=concurrency)
     from dspark_bench.engine import EngineConfig
 
     EngineConfig(max_new_tokens, temperature, block_size, concurrency)  # validates the numbers early
-    prompts = load_suite(suite, spec.limit)
+    prompts = load_suite(suite, spec.limit, skip=skip)
+    if not prompts:
+        raise click.BadParameter(f"--skip {skip} leaves no prompt: every dataset of {suite!r} has at most {skip} "
+                                 f"prompts under --limit {limit}")
     folder = Path(out or f"results/{time.strftime('%Y%m%d-%H%M%S')}-{Path(target).name}")
     console.print(f"loading target [bold]{target}[/] ({dtype}) ...")
     tgt = Target.load(target, dtype=dtype, cache_dir=Path(cache_dir) if cache_dir else None)
@@ -122,6 +129,20 @@ def _print_summary(summary: dict) -> None:
                       "–" if ci is None else f"{ci[0]:.2f}–{ci[1]:.2f}", _fmt(g["acceptance_rate"], ".1%"),
                       _fmt(g["tokens_per_s"], ".1f"), _fmt(g["speedup_vs_none"], ".2f") + "×")
     stdout.print(table)
+
+
+@main.command()
+@click.argument("out")
+@click.argument("parts", nargs=-1, required=True)
+@friendly
+def merge(out, parts):
+    """Join run folders that decoded other prompts of one run (see run --skip) into the run folder OUT."""
+    from dspark_bench.metrics import summarize
+    from dspark_bench.results import merge_runs
+
+    summary = merge_runs([Path(p) for p in parts], Path(out), summarize)
+    _print_summary(summary)
+    stdout.print(f"{len(parts)} parts merged into [bold]{out}[/]")
 
 
 @main.command(name="list")

@@ -7,6 +7,7 @@ Files are parsed into frozen dataclasses at this edge; unknown keys are errors.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import platform
@@ -129,11 +130,17 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_records(folder: str | Path) -> list[RequestRecord]:
+    """A run's records: ``records.jsonl``, or ``records.jsonl.gz`` as committed result sets store them."""
     path = Path(folder) / RECORDS
-    if not path.is_file():
-        raise ResultsError(f"{folder} has no {RECORDS}: is it a dspark-bench run folder?")
+    packed = path.with_name(RECORDS + ".gz")
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif packed.is_file():
+        path, text = packed, gzip.decompress(packed.read_bytes()).decode("utf-8")
+    else:
+        raise ResultsError(f"{folder} has no {RECORDS} (or {RECORDS}.gz): is it a dspark-bench run folder?")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -180,3 +187,66 @@ def _git_state() -> dict[str, Any]:
     except (OSError, subprocess.CalledProcessError):
         return {"sha": None, "dirty": None}
     return {"sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+# Settings that must agree for run parts to be one run (the prompts, limit and skip may differ).
+MERGE_SAME = ("target", "drafters", "drafter_options", "scheduler", "scheduler_options", "profile", "max_new_tokens",
+              "temperature", "block_size", "seed", "dtype", "repeats", "concurrency")
+
+
+def complete_chunks(manifest: dict[str, Any], records: list[RequestRecord]) -> list[dict[str, Any]]:
+    """The manifest's prompts that belong to complete chunks. The runner decodes ``concurrency`` consecutive prompts
+    at a time (a chunk), each drafter in turn, so a run stopped early holds, in its last chunk, the requests that
+    happened to finish first: keeping only chunks where every prompt has a record for every drafter and repeat
+    leaves no such bias."""
+    args = manifest["args"]
+    size, want = int(args.get("concurrency") or 1), len(args["drafters"]) * int(args.get("repeats") or 1)
+    have: dict[tuple[str, str], int] = {}
+    for r in records:
+        have[(r.dataset, r.prompt_id)] = have.get((r.dataset, r.prompt_id), 0) + 1
+    prompts = manifest["prompts"]
+    chunks = [prompts[i:i + size] for i in range(0, len(prompts), size)]
+    return [p for c in chunks if all(have.get((p["dataset"], p["prompt_id"]), 0) >= want for p in c) for p in c]
+
+
+def merge_runs(parts: list[Path], out: Path, summarize: Any) -> dict[str, Any]:
+    """Join run folders that decoded disjoint prompts with the same settings (``run --skip`` extending a run) into
+    one run folder: the records of every part, one manifest listing the parts, and a summary over all records
+    (``summarize(records, gamma)``). Returns the summary. A part that stopped early contributes its complete
+    chunks only (:func:`complete_chunks`); what it left out is counted in the manifest's ``parts``."""
+    if len(parts) < 2:
+        raise ResultsError(f"merge needs at least two run folders, got {len(parts)}")
+    if (Path(out) / RECORDS).exists():
+        raise ResultsError(f"{out} already holds a run; choose another output folder")
+    manifests = [read_manifest(p) for p in parts]
+    read = [read_records(p) for p in parts]
+    kept = [complete_chunks(m, recs) for m, recs in zip(manifests, read, strict=True)]
+    first = manifests[0]["args"]
+    for part, m in zip(parts[1:], manifests[1:], strict=True):
+        differ = [k for k in MERGE_SAME if m["args"].get(k) != first.get(k)]
+        if differ:
+            raise ResultsError(f"{part} differs from {parts[0]} in {', '.join(differ)}: only parts of one run "
+                               f"(same settings, other prompts) can be merged")
+    seen: dict[tuple[str, str], Path] = {}
+    for part, prompts in zip(parts, kept, strict=True):
+        for p in prompts:
+            key = (p["dataset"], p["prompt_id"])
+            if key in seen:
+                raise ResultsError(f"prompt {key[1]} is in both {seen[key]} and {part}: the parts must be disjoint")
+            seen[key] = part
+    records = [r for recs in read for r in recs if (r.dataset, r.prompt_id) in seen]
+    merged = {**manifests[0], "prompts": [p for prompts in kept for p in prompts],
+              "args": {**first, "limit": max((m["args"].get("limit") or 0) for m in manifests) or None,
+                       "skip": min(m["args"].get("skip", 0) for m in manifests)},
+              "parts": [{"folder": str(p), "args": m["args"], "started": m.get("started"),
+                         "finished": m.get("finished"), "git": m.get("git"), "machine": m.get("machine"),
+                         "prompts": len(k), "prompts_left_out": len(m["prompts"]) - len(k),
+                         "records_left_out": sum(seen.get((r.dataset, r.prompt_id)) != p for r in recs)}
+                        for p, m, k, recs in zip(parts, manifests, kept, read, strict=True)]}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / MANIFEST, merged)
+    (out / RECORDS).write_text("".join(json.dumps(record_to_dict(r)) + "\n" for r in records), encoding="utf-8")
+    summary = summarize(records, int(first["block_size"]))
+    write_json(out / SUMMARY, summary)
+    return summary

@@ -44,6 +44,7 @@ class RunSpec:
     profile: str | None = None  # engine profile (SPS table) for schedulers that take one
     suite: str = "all"
     limit: int | None = 3
+    skip: int = 0  # the first ``skip`` prompts of each dataset were left out (numbers and seeds kept)
     max_new_tokens: int = 128
     temperature: float = 1.0
     block_size: int = 7
@@ -137,7 +138,7 @@ class Run:
             "args": dataclasses.asdict(self.spec),
             "target": {"name": t.name, "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device),
                        "vocab_size": t.vocab_size, "num_layers": t.num_layers, "hidden_size": t.hidden_size},
-            "drafters": {n: {"config": _plain(e.drafter.config),
+            "drafters": {n: {"config": _plain(e.drafter.config), **_architecture(e.drafter),
                              "scheduler_options": self.resolved_scheduler_options.get(n, {})}
                          for n, e in engines.items()},
             "prompts": [{"dataset": p.dataset, "domain": p.domain, "prompt_id": p.prompt_id, "index": p.index}
@@ -145,6 +146,13 @@ class Run:
             "seeds": {"base": self.spec.seed, "per_request": "base + index within dataset"},
             **environment(),
         }
+
+
+def _architecture(drafter) -> dict:
+    """The architecture the drafter actually runs (a loaded checkpoint's, which the options' defaults may not
+    show: a 2-layer checkpoint under ``num_layers = 1``), for drafters that carry one."""
+    arch = getattr(getattr(drafter, "model", None), "arch", None)
+    return {"architecture": arch.to_dict()} if hasattr(arch, "to_dict") else {}
 
 
 def calibration_for(drafter) -> str | None:

@@ -351,15 +351,19 @@ def _expand(spec: str, specs: Mapping[str, DatasetSpec]) -> list[str | Path]:
     return [target for target, _ in chosen.values()]
 
 
-def load_suite(spec: str, limit: int | None = None, seed: int = DEFAULT_SEED) -> list[Prompt]:
+def load_suite(spec: str, limit: int | None = None, seed: int = DEFAULT_SEED, skip: int = 0) -> list[Prompt]:
     """Prompts of a comma list of domains, datasets, ``all`` and .jsonl paths, in order.
 
-    ``limit`` caps each dataset separately, and ``Prompt.index`` counts within each dataset.
+    ``limit`` caps each dataset separately, and ``Prompt.index`` counts within each dataset. ``skip`` leaves out
+    each dataset's first ``skip`` prompts; the others keep their index (and so their seed), so the prompts of
+    ``limit=100, skip=32`` are exactly those that ``limit=100`` adds to ``limit=32``.
     """
+    if skip < 0:
+        raise SuiteError(f"skip must be >= 0, got {skip}")
     prompts: list[Prompt] = []
     for target in _expand(spec, datasets()):
         if isinstance(target, Path):
             prompts += load_jsonl(target, limit=limit, seed=seed)
         else:
             prompts += load_dataset(target, limit=limit, seed=seed)
-    return prompts
+    return [p for p in prompts if p.index >= skip]

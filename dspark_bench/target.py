@@ -245,6 +245,7 @@ class Target:
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         allowed = valid.unsqueeze(1).expand(rows, width, old + width).clone()  # [R, L, C+L]
         allowed[:, :, old:] &= causal
+        allowed |= ~allowed.any(-1, keepdim=True)  # left-pad query rows: no fully masked row (NaN risk in CUDA SDPA)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         with torch.inference_mode():

@@ -79,3 +79,8 @@ def test_list_shows_everything():
     assert res.exit_code == 0
     for word in ("smollm2-135m", "ngram", "none", "fixed", "gsm8k", "aime25", "humaneval", "chat"):
         assert word in res.output
+
+
+def test_skip_past_every_prompt_is_refused():
+    res = _run("--drafter", "none", "--suite", "chat", "--limit", "3", "--skip", "3")
+    assert res.exit_code == 2 and "--skip 3 leaves no prompt" in res.output

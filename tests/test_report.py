@@ -182,6 +182,31 @@ def test_block_size_sweep_from_several_runs(tmp_path):
     assert f"| dspark | math | {math[0]:.2f} [{math[0] - 0.25:.2f}, {math[0] + 0.25:.2f}] | {math[1]:.2f}" in md
 
 
+def _with_architecture(folder: Path, drafter: str, **arch) -> Path:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["drafters"][drafter]["architecture"] = {"num_layers": 2, "markov_head_type": "vanilla", **arch}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_block_size_series_are_told_apart_by_recorded_architecture(tmp_path):
+    """Two DSpark variants swept over γ: one series per variant (from the manifests' architecture), each joining
+    its γ; without the architecture two runs share (label, γ), and each run becomes its own series."""
+    runs = [_with_architecture(write_run(tmp_path / f"{head}{g}", gamma=g, tau={"dspark": {
+        d: v + g / 10 + (0.05 if head == "rnn" else 0) for d, v in TAU["dspark"].items()}}), "dspark",
+        markov_head_type=head) for head in ("vanilla", "rnn") for g in (3, 7)]
+    md = build_report(runs, tmp_path / "rep", png=False).markdown.read_text()
+    rnn = statistics.fmean([TAU["dspark"][d] + 0.3 + 0.05 for d in ("gsm8k", "aime25")])
+    assert re.search(rf"\| dspark · head=rnn \| math \| {rnn:.2f} \[[^]]+\] \| [0-9.]+ ", md), md
+    assert '| dspark · head=vanilla | math |' in md
+    for folder in runs:  # the same runs without an architecture: no crash, one series per run
+        manifest = json.loads((folder / "manifest.json").read_text())
+        del manifest["drafters"]["dspark"]["architecture"]
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    md = build_report(runs, tmp_path / "rep2", png=False).markdown.read_text()
+    assert "| dspark · rnn3 | math |" in md and "| dspark · vanilla7 | math |" in md
+
+
 def _tiny_run(tmp_path, monkeypatch, target) -> Path:
     monkeypatch.setattr(target, "render", lambda text: [3 + (ord(c) % 90) for c in text][:12])
     prompts = [Prompt("ds", "custom", f"p{i}", i, f"prompt {i} xyz") for i in range(2)]

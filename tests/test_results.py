@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -100,3 +101,62 @@ def test_run_writes_summary(tmp_path, monkeypatch):
     assert groups[("ngram", "all")]["n_requests"] == 2
     assert len(groups[("ngram", "all")]["speedup_vs_none_repeats"]) == 2
     assert len(read_records(tmp_path / "run")) == 8
+
+
+def test_manifest_records_the_architecture_a_checkpoint_loads(tmp_path, monkeypatch):
+    """Options left at their defaults (num_layers = 1) must not hide a loaded 2-layer RNN-head checkpoint."""
+    from dspark_bench.drafters import registry
+
+    target = tiny_target("llama")
+    monkeypatch.setattr(target, "render", lambda text: [3 + (ord(c) % 90) for c in text][:12])
+    saved = registry.create("dspark", target, {"num_layers": 2, "markov_rank": 8, "markov_head_type": "rnn"})
+    folder = saved.save(tmp_path / "ck")
+    prompts = [Prompt("ds", "custom", "p0", 0, "prompt xyz")]
+    spec = RunSpec(target="tiny", drafters=("dspark",), drafter_options={"dspark": {"checkpoint": str(folder)}},
+                   max_new_tokens=4, warmup=False)
+    Run(spec, target, prompts, tmp_path / "run").execute()
+    entry = json.loads((tmp_path / "run" / "manifest.json").read_text())["drafters"]["dspark"]
+    assert entry["config"]["num_layers"] == 1  # the option's default, as given
+    assert entry["architecture"]["num_layers"] == 2 and entry["architecture"]["markov_head_type"] == "rnn"
+
+
+def test_records_are_read_from_a_gzipped_copy(tmp_path):
+    import gzip
+
+    line = json.dumps(record_to_dict(_rec([(7, 7, 2, 3)]))) + "\n"
+    (tmp_path / "records.jsonl.gz").write_bytes(gzip.compress(line.encode()))
+    assert [r.rounds for r in read_records(tmp_path)] == [((7, 7, 2, 3),)]
+    with pytest.raises(ResultsError, match=r"has no records.jsonl \(or records.jsonl.gz\)"):
+        read_records(tmp_path / "nothing")
+
+
+def test_merge_joins_the_parts_of_one_run_and_refuses_others(tmp_path, monkeypatch):
+    from dspark_bench.results import merge_runs, read_manifest
+
+    target = tiny_target("llama")
+    monkeypatch.setattr(target, "render", lambda text: [3 + (ord(c) % 90) for c in text][:12])
+    prompts = [Prompt("ds", "custom", f"p{i}", i, f"prompt {i} xyz") for i in range(4)]
+    spec = RunSpec(target="tiny", drafters=("none", "ngram"), max_new_tokens=8, warmup=False)
+    Run(spec, target, prompts[:2], tmp_path / "a").execute()
+    Run(dataclasses.replace(spec, skip=2), target, prompts[2:], tmp_path / "b").execute()
+    summary = merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "ab", metrics.summarize)
+    assert len(read_records(tmp_path / "ab")) == 8
+    assert {g["n_requests"] for g in summary["groups"] if g["scope"] == "all"} == {4}
+    manifest = read_manifest(tmp_path / "ab")
+    assert [p["prompt_id"] for p in manifest["prompts"]] == ["p0", "p1", "p2", "p3"]
+    assert [part["args"]["skip"] for part in manifest["parts"]] == [0, 2]
+    with pytest.raises(ResultsError, match="must be disjoint"):
+        merge_runs([tmp_path / "a", tmp_path / "ab"], tmp_path / "x", metrics.summarize)
+    Run(dataclasses.replace(spec, max_new_tokens=6), target, prompts[2:], tmp_path / "c").execute()
+    with pytest.raises(ResultsError, match="differs from .* in max_new_tokens"):
+        merge_runs([tmp_path / "a", tmp_path / "c"], tmp_path / "y", metrics.summarize)
+
+
+def test_complete_chunks_drop_the_quick_finishers_of_a_stopped_chunk():
+    from dspark_bench.results import complete_chunks
+
+    manifest = {"args": {"concurrency": 2, "drafters": ["none", "d"], "repeats": 1},
+                "prompts": [{"dataset": "ds", "prompt_id": p} for p in ("a", "b", "c", "d", "e")]}
+    recs = [_rec([(7, 7, 1, 2)], drafter=d, prompt_id=p) for p in "abc" for d in ("none", "d")]
+    recs.append(_rec([(7, 7, 1, 2)], drafter="none", prompt_id="d"))
+    assert [p["prompt_id"] for p in complete_chunks(manifest, recs)] == ["a", "b"]  # c's partner d is unfinished

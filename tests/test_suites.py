@@ -318,3 +318,11 @@ def test_jsonl_duplicate_ids_are_an_error(tmp_path):
     )
     with pytest.raises(SuiteError, match="dup.jsonl, line 2: duplicate id 'x'"):
         load_jsonl(path)
+
+
+def test_skip_keeps_numbers_so_runs_extend_each_other():
+    full, first = load_suite("chat,humaneval", limit=10), load_suite("chat,humaneval", limit=4)
+    rest = load_suite("chat,humaneval", limit=10, skip=4)
+    assert first == [p for p in full if p.index < 4] and rest == [p for p in full if p.index >= 4]
+    assert {p.index for p in rest} == set(range(4, 10)) and {p.dataset for p in rest} == {"chat", "humaneval"}
+    assert load_suite("chat", limit=3, skip=3) == []

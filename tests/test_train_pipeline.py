@@ -260,3 +260,22 @@ def test_resume_accepts_the_same_data_folder_spelled_differently():
     assert trainer._same_paths(a) == trainer._same_paths(b)
     assert trainer._same_paths(a) != trainer._same_paths({**b, "data": {**b["data"], "folder": "data/y"}})
     assert trainer._same_paths({"data": {"features": "online"}})["data"]["features"] == "online"
+
+
+def test_resume_fills_in_method_options_added_after_the_run_was_recorded():
+    """A run recorded before ``markov_head`` existed used the vanilla head: resuming it must not be refused."""
+    from dataclasses import asdict
+
+    now = {"options": asdict(methods.MethodOptions())}
+    old = {"options": {k: v for k, v in now["options"].items() if k != "markov_head"}}
+    assert trainer._same_paths(old) == trainer._same_paths(now)
+    rnn = {"options": {**now["options"], "markov_head": "rnn"}}
+    assert trainer._same_paths(old) != trainer._same_paths(rnn)
+
+
+def test_markov_head_option_builds_that_head(target):
+    rnn = methods.method("dspark").build(target, methods.MethodOptions(markov_rank=8, markov_head="rnn"))
+    assert rnn.arch.markov_head_type == "rnn" and rnn.markov_head.kind == "rnn"
+    assert methods.method("dspark").used(methods.MethodOptions(markov_head="rnn"))["markov_head"] == "rnn"
+    with pytest.raises(ValueError, match="markov head 'lstm' is not one of vanilla, gated, rnn"):
+        methods.MethodOptions(markov_head="lstm")

@@ -68,7 +68,7 @@ def perturb_weights(model: torch.nn.Module, scale: float, seed: int) -> None:
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
             if p.is_floating_point() and p.numel() > 1:
-                noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+                noise = torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.device)  # CPU generator
                 p.add_((noise * scale * p.float().std()).to(p.dtype))
 
 

@@ -79,15 +79,16 @@ def histogram_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
     return style_figure(fig, "Accepted-length histogram (all prompts)")
 
 
-def block_size_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
-    """Paper Figure 4: τ against the block size γ, one panel per domain, error bars = 95% bootstrap interval."""
+def block_size_figure(inputs: Inputs, entries: Sequence[Entry], omit: Sequence[str] = ("block_size", "run")) -> go.Figure:
+    """Paper Figure 4: τ against the block size γ, one panel per domain, error bars = 95% bootstrap interval.
+    One series per label without ``omit`` (see ``sections.block_size_omit``)."""
     domains = _domains(entries)
     fig = make_subplots(rows=1, cols=len(domains), subplot_titles=domains)
-    omit = ("block_size", "run")
     styles, shown = _styles(inputs, entries, omit), set()
     for col, dom in enumerate(domains, 1):
         for label in inputs.labels(entries, omit):
-            pts = sorted((e.block_size, e.metrics) for e in entries if e.name == dom and inputs.label(e, omit) == label)
+            pts = sorted(((e.block_size, e.metrics) for e in entries if e.name == dom and inputs.label(e, omit) == label),
+                         key=lambda pt: pt[0])
             if not pts:
                 continue
             tau = [m.get("tau") for _, m in pts]

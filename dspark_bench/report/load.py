@@ -6,8 +6,10 @@ Numbers come from ``summary.json`` as recorded. Only a run without one (it stopp
 from its records, by :func:`dspark_bench.metrics.summarize`: the one definition of every metric.
 
 Every summary group becomes an :class:`Entry`. Its *label* is the drafter name plus whatever else varies
-across the report's inputs (target, scheduler, concurrency, block size γ, and the run when two runs would
-otherwise share a label), so one label names one series in every table and figure.
+across the report's inputs (target, scheduler, concurrency, the drafter's variant, block size γ, and the run when
+two runs would otherwise share a label), so one label names one series in every table and figure. A drafter's
+*variant* is the part of its recorded architecture (a loaded checkpoint's: layers, Markov head) and of its
+variant options (``markov``, ``perturb``) that differs between the runs of that drafter, e.g. ``layers=1``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ from dspark_bench.report.inputs import KINDS, ReportError, read_artifact
 from dspark_bench.report.style import domain_sort_key, drafter_sort_key
 from dspark_bench.results import MANIFEST, RECORDS, SUMMARY, ResultsError, read_manifest
 
-VARIANT_FIELDS = ("target", "scheduler", "concurrency", "block_size", "run")
+VARIANT_FIELDS = ("target", "scheduler", "concurrency", "variant", "block_size", "run")
+# What tells two drafters of one name apart (short names in labels); block_size has a field of its own.
+ARCH_VARIANT = {"num_layers": "layers", "markov_rank": "rank", "markov_head_type": "head",
+                "confidence_head": "confidence", "taps": "taps"}
+OPTION_VARIANT = {"markov": "markov", "perturb": "perturb"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Entry:
     scope: str  # "dataset" | "domain" | "all"
     name: str  # dataset name, domain name, or "all"
     metrics: Mapping[str, Any] = field(hash=False, compare=False)
+    variant: str = ""  # what sets this drafter apart from the same drafter in other runs (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ class Inputs:
     @staticmethod
     def order(e: Entry) -> tuple:
         """Canonical series order: drafter (none, ngram, mtp, eagle3, dflash, dspark, others), then variant values."""
-        return (drafter_sort_key(e.drafter), e.target, e.scheduler, e.concurrency, e.block_size, e.run)
+        return (drafter_sort_key(e.drafter), e.target, e.scheduler, e.concurrency, e.variant, e.block_size, e.run)
 
 
 def _summary(folder: Path, manifest: Mapping[str, Any]) -> tuple[dict, str]:
@@ -156,9 +163,33 @@ def _unique_names(folders: Sequence[Path]) -> list[str]:
     return [f"{f.parent.name}/{f.name}" if names.count(f.name) > 1 else f.name for f in folders]
 
 
-def _entries(run: RunData) -> list[Entry]:
+def _entries(run: RunData, variants: Mapping[tuple[str, str], str]) -> list[Entry]:
     return [Entry(run.name, run.target, g["drafter"], g.get("scheduler", "fixed"), int(g.get("concurrency", 1)),
-                  run.block_size, g["scope"], g["name"], g) for g in run.summary["groups"]]
+                  run.block_size, g["scope"], g["name"], g, variants.get((run.name, g["drafter"]), ""))
+            for g in run.summary["groups"]]
+
+
+def _traits(run: RunData, drafter: str) -> dict[str, str]:
+    """A drafter's variant traits in one run: its recorded architecture and variant options, short-named."""
+    info = run.manifest.get("drafters", {}).get(drafter) or {}
+    arch, config = info.get("architecture") or {}, info.get("config") or {}
+    def text(value: Any) -> str:
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+    out = {short: text(arch[k]) for k, short in ARCH_VARIANT.items() if k in arch}
+    out.update({short: text(config[k]) for k, short in OPTION_VARIANT.items() if k in config})
+    return out
+
+
+def _variants(runs: Sequence[RunData]) -> dict[tuple[str, str], str]:
+    """(run, drafter) -> the traits that differ between the runs of that drafter ("" when none do)."""
+    traits = {(r.name, d): _traits(r, d) for r in runs for d in r.manifest.get("drafters", {})}
+    out = {}
+    for (run, drafter), mine in traits.items():
+        others = [t for (_, d), t in traits.items() if d == drafter]
+        differ = [k for k in mine if len({t.get(k) for t in others}) > 1]
+        out[(run, drafter)] = " ".join(f"{k}={mine[k]}" for k in differ)
+    return out
 
 
 def _varying(entries: Sequence[Entry]) -> frozenset[str]:
@@ -193,6 +224,7 @@ def load_inputs(paths: Sequence[Path]) -> Inputs:
     artifacts: dict[str, list[Any]] = {}
     for f in files:
         artifacts.setdefault(f.name.removesuffix(".json"), []).append(read_artifact(f))
-    entries = tuple(e for r in runs for e in _entries(r))
+    variants = _variants(runs)
+    entries = tuple(e for r in runs for e in _entries(r, variants))
     domains = {**_known_domains(), **{d: dom for r in runs for d, dom in r.domains().items()}}
     return Inputs(runs, entries, {k: tuple(v) for k, v in artifacts.items()}, domains, _varying(entries))

@@ -3,13 +3,13 @@ the reason it is missing (a string), which the report lists so a reader knows wh
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
 from dspark_bench.report import figures, paper, tables
-from dspark_bench.report.load import Inputs
+from dspark_bench.report.load import Entry, Inputs
 from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key
 from dspark_bench.report.tables import Table
 
@@ -84,8 +84,16 @@ def _block_size(inp: Inputs) -> Section | str:
     if not swept:
         return f"needs one drafter run with at least two block sizes (--block-size); found γ = {sizes or 'none'}"
     entries = [e for e in entries if inp.label(e, omit) in swept]
+    omit = block_size_omit(inp, entries)
     return Section("block_size", "τ against block size (Figure 4)", TAU_DEFINITION,
-                   (figures.block_size_figure(inp, entries),), (tables.block_size_table(inp, entries),))
+                   (figures.block_size_figure(inp, entries, omit),), (tables.block_size_table(inp, entries, omit),))
+
+
+def block_size_omit(inp: Inputs, entries: Sequence[Entry]) -> tuple[str, ...]:
+    """Series of the block-size figure join runs at different γ, unless two runs of one series share a γ (say,
+    two checkpoints whose manifests record no architecture to tell them apart): then each run is its own series."""
+    keys = [(inp.label(e, ("block_size", "run")), e.name, e.block_size) for e in entries]
+    return ("block_size", "run") if len(keys) == len(set(keys)) else ("block_size",)
 
 
 def _cells(inp: Inputs, kinds: tuple[str, ...]) -> list:

@@ -134,9 +134,8 @@ def positions_table(inputs: Inputs, entries: Sequence[Entry]) -> Table:
                  tuple(rows))
 
 
-def block_size_table(inputs: Inputs, entries: Sequence[Entry]) -> Table:
-    """τ [95% CI] per series and domain (rows) and block size γ (columns)."""
-    omit = ("block_size", "run")
+def block_size_table(inputs: Inputs, entries: Sequence[Entry], omit: Sequence[str] = ("block_size", "run")) -> Table:
+    """τ [95% CI] per series (labels without ``omit``) and domain (rows) and block size γ (columns)."""
     sizes = sorted({e.block_size for e in entries})
     cells = {(inputs.label(e, omit), e.name, e.block_size): e.metrics for e in entries}
     keys = dict.fromkeys((inputs.label(e, omit), e.name)

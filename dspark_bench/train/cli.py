@@ -216,6 +216,8 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
 @click.option("--decay-gamma", default=4.0, show_default=True, type=float, help="dspark/dflash: gamma_w.")
 @click.option("--num-layers", default=1, show_default=True, type=int, help="dspark/dflash: backbone layers.")
 @click.option("--markov-rank", default=64, show_default=True, type=int, help="dspark: Markov head rank.")
+@click.option("--markov-head", default="vanilla", show_default=True, type=click.Choice(["vanilla", "gated", "rnn"]),
+              help="dspark: Markov head variant (rnn: Figure 4's RNN head).")
 @click.option("--ttt-length", default=7, show_default=True, type=int, help="eagle3: training-time-test steps.")
 @click.option("--taps", default=None, help="Target layers, e.g. 1,8,15,21,28. Default: evenly spaced.")
 @click.option("--seed", default=42, show_default=True, type=int)
@@ -228,7 +230,7 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
 @_THREADS
 @_friendly
 def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, lr, warmup, num_anchors, block_size,
-          decay_gamma, num_layers, markov_rank, ttt_length, taps, seed, save_every, max_length, target, resume,
+          decay_gamma, num_layers, markov_rank, markov_head, ttt_length, taps, seed, save_every, max_length, target, resume,
           device, dtype, threads):
     """Train a drafter on target-regenerated data (AdamW, warm-up + cosine, exact resume)."""
     from dspark_bench.train.data import load_sequences
@@ -239,7 +241,7 @@ def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, l
 
     m, dev = get_method(method), _device(device, threads)
     options = MethodOptions(num_layers, markov_rank, block_size, num_anchors, decay_gamma, ttt_length, seed,
-                            _taps_option(taps))
+                            _taps_option(taps), markov_head)
     seqs = load_sequences(data_dir, max_length)
     tgt = _load_target(target or _data_target(data_dir), _dtype(dtype, dev), dev)
     source, where = _feature_source(feature_mode, tgt, data_dir, m.taps(tgt, options), max_length)

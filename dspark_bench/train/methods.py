@@ -10,7 +10,8 @@ Sizes (:class:`MethodOptions`; each method uses the fields listed in ``Method.op
 
 * ``dspark``/``dflash``: the block backbone of ``num_layers`` draft layers, block ``block_size`` (G),
   ``num_anchors`` anchors per sequence, position weights ``exp(-(k-1)/decay_gamma)``; DSpark adds the Markov head
-  of rank ``markov_rank`` and the confidence head.
+  of rank ``markov_rank`` (``markov_head``: ``vanilla``, the paper's Markov head, or the ``gated``/``rnn``
+  variants of Figure 4) and the confidence head.
 * ``eagle3``: one fused decoder layer trained with a ``ttt_length``-step training-time test (weights 0.8^k),
   scored at ``num_anchors`` positions per sequence like the block drafters (same predictions per sequence).
 * ``mtp``: the DeepSeek-V3-style MTP module, one step (MTP-1), cross-entropy of the sampled token.
@@ -45,12 +46,17 @@ class MethodOptions:
     ttt_length: int = 7
     seed: int = 0
     taps: tuple[int, ...] | None = None  # None: blockdraft.default_taps (the same for every method)
+    markov_head: str = "vanilla"  # dspark: vanilla (the paper's Markov head) | gated | rnn (Figure 4's RNN head)
 
     def __post_init__(self) -> None:
         small = [k for k in ("num_layers", "markov_rank", "block_size", "num_anchors", "ttt_length")
                  if getattr(self, k) < 1]
         if small or not self.decay_gamma > 0:
             raise ValueError(f"method options {small or ['decay_gamma']} must be positive")
+        from dspark_bench.drafters.blockdraft import MARKOV_HEAD_TYPES
+
+        if self.markov_head not in MARKOV_HEAD_TYPES:
+            raise ValueError(f"markov head {self.markov_head!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}")
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,8 @@ def _block_builder(module_path: str, class_name: str, markov: bool) -> Callable[
         from dspark_bench.drafters.blockdraft import target_arch
 
         cls = getattr(importlib.import_module(module_path), class_name)
-        heads = {"markov_rank": o.markov_rank, "confidence_head": True} if markov else {"markov_rank": 0}
+        heads = ({"markov_rank": o.markov_rank, "markov_head_type": o.markov_head, "confidence_head": True}
+                 if markov else {"markov_rank": 0})
         arch = target_arch(target, num_layers=o.num_layers, taps=_taps(target, o), block_size=o.block_size,
                            mask_token_id=None, **heads)
         return _fp32(cls.create(arch, target, seed=o.seed), target)
@@ -132,7 +139,7 @@ def _save_chain(module: nn.Module, folder: Path) -> Path:
 
 _BLOCK = ("num_layers", "block_size", "num_anchors", "decay_gamma", "seed", "taps")
 METHODS: MappingProxyType[str, Method] = MappingProxyType({
-    "dspark": Method("dspark", (*_BLOCK, "markov_rank"), _block_builder("dspark_bench.drafters.dspark", "DSparkModel", True),
+    "dspark": Method("dspark", (*_BLOCK, "markov_rank", "markov_head"), _block_builder("dspark_bench.drafters.dspark", "DSparkModel", True),
                      _taps, _block_loss, _save_block("dspark")),
     "dflash": Method("dflash", _BLOCK, _block_builder("dspark_bench.drafters.dflash", "DFlashModel", False),
                      _taps, _block_loss, _save_block("dflash")),

@@ -157,6 +157,8 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        if self.device.type == "cuda":  # the step's kernels are asynchronous: count them in this step's time
+            torch.cuda.synchronize(self.device)
         return self._record(outs, lr, norm, tokens, time.perf_counter() - t0)
 
     def _record(self, outs, lr: float, norm: float, tokens: int, seconds: float) -> StepRecord:
@@ -221,7 +223,12 @@ def _prepare(out: Path, config: TrainConfig, resume: bool) -> Path | None:
 
 
 def _same_paths(config: dict) -> dict:
-    """The data provenance's paths normalised (``./data/x`` and ``data/x`` name the same folder on resume)."""
+    """The data provenance's paths normalised (``./data/x`` and ``data/x`` name the same folder on resume), and
+    method options added since the run was recorded filled in with their defaults (what the run used)."""
+    from dspark_bench.train.methods import MethodOptions
+
+    if isinstance(config.get("options"), dict):
+        config = {**config, "options": {**json.loads(json.dumps(asdict(MethodOptions()))), **config["options"]}}
     data = config.get("data")
     if not isinstance(data, dict):
         return config
