@@ -159,7 +159,7 @@ def list_() -> None:
     table.add_column("name")
     table.add_column("shipped checkpoints (targets)")
     for name in drafters.names():
-        shipped = sorted(p.parent.name for p in SHIPPED_DRAFTERS.glob(f"*/{name}/config.json"))
+        shipped = sorted(p.parent.parent.name for p in SHIPPED_DRAFTERS.glob(f"*/{name}/config.json"))  # targets
         table.add_row(name, ", ".join(shipped) or "–")
     stdout.print(table)
     stdout.print(f"[bold]schedulers[/]: {', '.join(scheduler_names())}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_bench import drafters as drafter_registry
+from dspark_bench.drafters.checkpoint import SHIPPED_ROOT
 from dspark_bench.engine import Engine, EngineConfig, Request, RequestResult
 from dspark_bench.metrics import summarize
 from dspark_bench.results import (
@@ -29,7 +30,7 @@ from dspark_bench.schedulers import create_scheduler, scheduler_class
 from dspark_bench.suites import Prompt
 from dspark_bench.target import Target
 
-SHIPPED_DRAFTERS = Path(__file__).resolve().parents[1] / "baselines" / "drafters"
+SHIPPED_DRAFTERS = SHIPPED_ROOT  # baselines/drafters/<target>/<drafter>/
 
 
 @dataclass(frozen=True)

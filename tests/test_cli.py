@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -79,6 +80,8 @@ def test_list_shows_everything():
     assert res.exit_code == 0
     for word in ("smollm2-135m", "ngram", "none", "fixed", "gsm8k", "aime25", "humaneval", "chat"):
         assert word in res.output
+    for drafter in ("dspark", "dflash", "eagle3", "mtp"):  # the shipped column names the target, not the drafter
+        assert re.search(rf"{drafter}\s+\W\s+smollm2-135m", res.output), res.output
 
 
 def test_skip_past_every_prompt_is_refused():

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from dspark_bench.target import Target
 
 FORMAT = "dspark-bench-drafter/1"
+# Shipped reference checkpoints: SHIPPED_ROOT/<target name>/<drafter name>/ (config.json + model.safetensors).
+SHIPPED_ROOT = Path(__file__).resolve().parents[2] / "baselines" / "drafters"
 
 
 class CheckpointError(ValueError):
