@@ -35,8 +35,8 @@ def main(verbose: bool) -> None:
               help="Comma list of domains (math, code, chat), dataset names, 'all', or .jsonl paths.")
 @click.option("--limit", default="3", show_default=True, help="Prompts per dataset (after the seeded shuffle), or 'all'.")
 @click.option("--skip", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Leave out the first N prompts of each dataset, keeping the others' numbers and seeds: "
-                   "--skip 32 --limit 100 decodes the prompts a --limit 100 run adds to a --limit 32 one.")
+              help="Leave out the prompts a --limit N run decodes: --skip 32 --limit 100 decodes the prompts "
+                   "that --limit 100 adds to --limit 32 (join the runs with `dspark-bench merge`).")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--temperature", default=1.0, show_default=True, type=float)
 @click.option("--block-size", default=7, show_default=True, type=int, help="Draft tokens per round (gamma).")
@@ -74,8 +74,8 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
     EngineConfig(max_new_tokens, temperature, block_size, concurrency)  # validates the numbers early
     prompts = load_suite(suite, spec.limit, skip=skip)
     if not prompts:
-        raise click.BadParameter(f"--skip {skip} leaves no prompt: every dataset of {suite!r} has at most {skip} "
-                                 f"prompts under --limit {limit}")
+        raise click.BadParameter(f"--skip {skip} leaves no prompt: --limit {limit} selects no prompt of {suite!r} "
+                                 f"that --limit {skip} does not")
     folder = Path(out or f"results/{time.strftime('%Y%m%d-%H%M%S')}-{Path(target).name}")
     console.print(f"loading target [bold]{target}[/] ({dtype}) ...")
     tgt = Target.load(target, dtype=dtype, cache_dir=Path(cache_dir) if cache_dir else None)
@@ -136,11 +136,18 @@ def _print_summary(summary: dict) -> None:
 @click.argument("parts", nargs=-1, required=True)
 @friendly
 def merge(out, parts):
-    """Join run folders that decoded other prompts of one run (see run --skip) into the run folder OUT."""
+    """Join run folders that decoded other prompts of one run (see run --skip) into the run folder OUT.
+
+    A PART may be FOLDER:DATASET,... to take only those datasets of it."""
     from dspark_bench.metrics import summarize
     from dspark_bench.results import merge_runs
 
-    summary = merge_runs([Path(p) for p in parts], Path(out), summarize)
+    folders, only = [], []
+    for part in parts:
+        folder, _, names = part.rpartition(":") if ":" in part and not Path(part).exists() else (part, "", "")
+        folders.append(Path(folder))
+        only.append({n.strip() for n in names.split(",") if n.strip()} or None)
+    summary = merge_runs(folders, Path(out), summarize, only)
     _print_summary(summary)
     stdout.print(f"{len(parts)} parts merged into [bold]{out}[/]")
 

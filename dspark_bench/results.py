@@ -209,18 +209,27 @@ def complete_chunks(manifest: dict[str, Any], records: list[RequestRecord]) -> l
     return [p for c in chunks if all(have.get((p["dataset"], p["prompt_id"]), 0) >= want for p in c) for p in c]
 
 
-def merge_runs(parts: list[Path], out: Path, summarize: Any) -> dict[str, Any]:
+def merge_runs(parts: list[Path], out: Path, summarize: Any,
+               datasets: list[set[str] | None] | None = None) -> dict[str, Any]:
     """Join run folders that decoded disjoint prompts with the same settings (``run --skip`` extending a run) into
     one run folder: the records of every part, one manifest listing the parts, and a summary over all records
     (``summarize(records, gamma)``). Returns the summary. A part that stopped early contributes its complete
-    chunks only (:func:`complete_chunks`); what it left out is counted in the manifest's ``parts``."""
+    chunks only (:func:`complete_chunks`); ``datasets[i]``, when given, keeps only those datasets of part i.
+    What each part left out is counted in the manifest's ``parts``."""
     if len(parts) < 2:
         raise ResultsError(f"merge needs at least two run folders, got {len(parts)}")
     if (Path(out) / RECORDS).exists():
         raise ResultsError(f"{out} already holds a run; choose another output folder")
+    datasets = datasets or [None] * len(parts)
     manifests = [read_manifest(p) for p in parts]
     read = [read_records(p) for p in parts]
-    kept = [complete_chunks(m, recs) for m, recs in zip(manifests, read, strict=True)]
+    kept = []
+    for part, m, recs, only in zip(parts, manifests, read, datasets, strict=True):
+        unknown = sorted((only or set()) - {p["dataset"] for p in m["prompts"]})
+        if unknown:
+            raise ResultsError(f"{part} decoded no dataset {', '.join(unknown)}; it has "
+                               f"{', '.join(dict.fromkeys(p['dataset'] for p in m['prompts']))}")
+        kept.append([p for p in complete_chunks(m, recs) if only is None or p["dataset"] in only])
     first = manifests[0]["args"]
     for part, m in zip(parts[1:], manifests[1:], strict=True):
         differ = [k for k in MERGE_SAME if m["args"].get(k) != first.get(k)]
@@ -238,11 +247,12 @@ def merge_runs(parts: list[Path], out: Path, summarize: Any) -> dict[str, Any]:
     merged = {**manifests[0], "prompts": [p for prompts in kept for p in prompts],
               "args": {**first, "limit": max((m["args"].get("limit") or 0) for m in manifests) or None,
                        "skip": min(m["args"].get("skip", 0) for m in manifests)},
-              "parts": [{"folder": str(p), "args": m["args"], "started": m.get("started"),
+              "parts": [{"folder": str(p), "datasets": sorted(only) if only else "all", "args": m["args"],
+                         "started": m.get("started"),
                          "finished": m.get("finished"), "git": m.get("git"), "machine": m.get("machine"),
                          "prompts": len(k), "prompts_left_out": len(m["prompts"]) - len(k),
                          "records_left_out": sum(seen.get((r.dataset, r.prompt_id)) != p for r in recs)}
-                        for p, m, k, recs in zip(parts, manifests, kept, read, strict=True)]}
+                        for p, m, k, recs, only in zip(parts, manifests, kept, read, datasets, strict=True)]}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / MANIFEST, merged)

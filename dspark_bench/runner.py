@@ -45,7 +45,7 @@ class RunSpec:
     profile: str | None = None  # engine profile (SPS table) for schedulers that take one
     suite: str = "all"
     limit: int | None = 3
-    skip: int = 0  # the first ``skip`` prompts of each dataset were left out (numbers and seeds kept)
+    skip: int = 0  # the prompts that ``limit = skip`` selects were left out (suites.load_suite)
     max_new_tokens: int = 128
     temperature: float = 1.0
     block_size: int = 7

@@ -355,8 +355,10 @@ def load_suite(spec: str, limit: int | None = None, seed: int = DEFAULT_SEED, sk
     """Prompts of a comma list of domains, datasets, ``all`` and .jsonl paths, in order.
 
     ``limit`` caps each dataset separately, and ``Prompt.index`` counts within each dataset. ``skip`` leaves out
-    each dataset's first ``skip`` prompts; the others keep their index (and so their seed), so the prompts of
-    ``limit=100, skip=32`` are exactly those that ``limit=100`` adds to ``limit=32``.
+    the prompts that ``limit=skip`` selects, so ``limit=100, skip=32`` decodes what ``limit=100`` adds to
+    ``limit=32``, with disjoint prompts. A prompt keeps its index in this list (its seed). That is its index in
+    the ``limit=skip`` list too when the dataset is subsampled at both limits (more rows than either); a dataset
+    of at most ``limit`` rows keeps its file order, so there the indices (and seeds) can differ.
     """
     if skip < 0:
         raise SuiteError(f"skip must be >= 0, got {skip}")
@@ -366,4 +368,7 @@ def load_suite(spec: str, limit: int | None = None, seed: int = DEFAULT_SEED, sk
             prompts += load_jsonl(target, limit=limit, seed=seed)
         else:
             prompts += load_dataset(target, limit=limit, seed=seed)
-    return [p for p in prompts if p.index >= skip]
+    if not skip:
+        return prompts
+    first = {(p.dataset, p.prompt_id) for p in load_suite(spec, skip, seed)}
+    return [p for p in prompts if (p.dataset, p.prompt_id) not in first]

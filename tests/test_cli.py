@@ -87,3 +87,10 @@ def test_list_shows_everything():
 def test_skip_past_every_prompt_is_refused():
     res = _run("--drafter", "none", "--suite", "chat", "--limit", "3", "--skip", "3")
     assert res.exit_code == 2 and "--skip 3 leaves no prompt" in res.output
+
+
+def test_merge_reads_a_dataset_selection_after_the_folder(tmp_path):
+    res = CliRunner().invoke(main, ["merge", str(tmp_path / "out"), f"{tmp_path / 'b'}:gsm8k,chat", str(tmp_path / "a")])
+    assert res.exit_code == 2 and f"{tmp_path / 'b'} has no manifest.json" in res.output.replace("\n", "")
+    res = CliRunner().invoke(main, ["merge", str(tmp_path / "out"), str(tmp_path / "a")])
+    assert res.exit_code == 2 and "at least two run folders" in res.output

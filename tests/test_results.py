@@ -147,6 +147,11 @@ def test_merge_joins_the_parts_of_one_run_and_refuses_others(tmp_path, monkeypat
     assert [part["args"]["skip"] for part in manifest["parts"]] == [0, 2]
     with pytest.raises(ResultsError, match="must be disjoint"):
         merge_runs([tmp_path / "a", tmp_path / "ab"], tmp_path / "x", metrics.summarize)
+    with pytest.raises(ResultsError, match="decoded no dataset other; it has ds"):
+        merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "z", metrics.summarize, [None, {"other"}])
+    merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "sel", metrics.summarize, [{"ds"}, None])
+    assert len(read_records(tmp_path / "sel")) == 8
+    assert [part["datasets"] for part in read_manifest(tmp_path / "sel")["parts"]] == [["ds"], "all"]
     Run(dataclasses.replace(spec, max_new_tokens=6), target, prompts[2:], tmp_path / "c").execute()
     with pytest.raises(ResultsError, match="differs from .* in max_new_tokens"):
         merge_runs([tmp_path / "a", tmp_path / "c"], tmp_path / "y", metrics.summarize)

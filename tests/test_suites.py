@@ -326,3 +326,11 @@ def test_skip_keeps_numbers_so_runs_extend_each_other():
     assert first == [p for p in full if p.index < 4] and rest == [p for p in full if p.index >= 4]
     assert {p.index for p in rest} == set(range(4, 10)) and {p.dataset for p in rest} == {"chat", "humaneval"}
     assert load_suite("chat", limit=3, skip=3) == []
+
+
+def test_skip_is_disjoint_where_a_dataset_is_shuffled_at_one_limit_only():
+    """AIME25 has 30 rows: limit 16 shuffles them, limit 32 keeps file order. skip must still leave out exactly
+    the prompts of the limit-16 list, and the two lists together must be the whole dataset."""
+    first, rest = load_suite("aime25", limit=16), load_suite("aime25", limit=32, skip=16)
+    ids = [p.prompt_id for p in first] + [p.prompt_id for p in rest]
+    assert len(rest) == 14 and len(set(ids)) == 30 == len(ids)

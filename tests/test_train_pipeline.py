@@ -279,3 +279,8 @@ def test_markov_head_option_builds_that_head(target):
     assert methods.method("dspark").used(methods.MethodOptions(markov_head="rnn"))["markov_head"] == "rnn"
     with pytest.raises(ValueError, match="markov head 'lstm' is not one of vanilla, gated, rnn"):
         methods.MethodOptions(markov_head="lstm")
+    from dspark_bench.drafters.blockdraft import MARKOV_HEAD_TYPES
+    from dspark_bench.train.cli import train
+
+    choice = next(p for p in train.params if p.name == "markov_head").type
+    assert tuple(choice.choices) == MARKOV_HEAD_TYPES  # the CLI's list (kept import-free) matches the model's

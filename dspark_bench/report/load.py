@@ -169,15 +169,16 @@ def _entries(run: RunData, variants: Mapping[tuple[str, str], str]) -> list[Entr
             for g in run.summary["groups"]]
 
 
+def _trait_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
 def _traits(run: RunData, drafter: str) -> dict[str, str]:
     """A drafter's variant traits in one run: its recorded architecture and variant options, short-named."""
     info = run.manifest.get("drafters", {}).get(drafter) or {}
     arch, config = info.get("architecture") or {}, info.get("config") or {}
-    def text(value: Any) -> str:
-        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-    out = {short: text(arch[k]) for k, short in ARCH_VARIANT.items() if k in arch}
-    out.update({short: text(config[k]) for k, short in OPTION_VARIANT.items() if k in config})
+    out = {short: _trait_text(arch[k]) for k, short in ARCH_VARIANT.items() if k in arch}
+    out.update({short: _trait_text(config[k]) for k, short in OPTION_VARIANT.items() if k in config})
     return out
 
 
