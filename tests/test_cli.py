@@ -94,3 +94,15 @@ def test_merge_reads_a_dataset_selection_after_the_folder(tmp_path):
     assert res.exit_code == 2 and f"{tmp_path / 'b'} has no manifest.json" in res.output.replace("\n", "")
     res = CliRunner().invoke(main, ["merge", str(tmp_path / "out"), str(tmp_path / "a")])
     assert res.exit_code == 2 and "at least two run folders" in res.output
+
+
+def test_decoding_and_training_commands_work_without_plotly():
+    """Only `report` needs plotly: a machine without it (a bare GPU image) can still run and train."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['plotly'] = None; sys.argv = ['dspark-bench', *sys.argv[1:]]; "
+            "import runpy; runpy.run_module('dspark_bench.cli', run_name='__main__')")
+    for command in (["run", "--help"], ["train", "--help"], ["merge", "--help"]):
+        res = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and "Usage:" in res.stdout, res.stderr[-500:]

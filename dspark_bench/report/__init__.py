@@ -5,7 +5,16 @@
 lossless.json) are documented in :mod:`dspark_bench.report.inputs`.
 """
 
-from dspark_bench.report.build import ReportResult, build_report
 from dspark_bench.report.inputs import ReportError
 
 __all__ = ["ReportError", "ReportResult", "build_report"]
+
+
+def __getattr__(name: str):
+    """``build_report`` and ``ReportResult`` import plotly: loaded on first use, so that importing the package
+    (the CLI does, to attach its commands) works where plotly is not installed."""
+    if name in ("ReportResult", "build_report"):
+        from dspark_bench.report import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,21 +1,24 @@
 """``dspark-bench report`` and ``dspark-bench paper table1``: parse options, call the library, print a summary.
 
-Attach both to the main group: ``main.add_command(report)`` and ``main.add_command(paper)``.
+Attach both to the main group: ``main.add_command(report)`` and ``main.add_command(paper)``. The report library
+(plotly) is imported inside the commands, so the other commands work where plotly is not installed.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table as RichTable
 
 from dspark_bench.cli_common import console, stdout
 from dspark_bench.cli_common import friendly as _friendly
-from dspark_bench.report.build import ReportResult, build_report
-from dspark_bench.report.load import load_inputs
-from dspark_bench.report.tables import Table
+
+if TYPE_CHECKING:
+    from dspark_bench.report.build import ReportResult
+    from dspark_bench.report.tables import Table
 
 
 def _print_table(t: Table) -> None:
@@ -49,6 +52,8 @@ def report(results, out_dir, png, title):
     """Render recorded RESULTS (run folders, folders of runs, or result .json files) as a report.
 
     Reads summary.json and the other recorded files only: nothing is rerun or recomputed."""
+    from dspark_bench.report.build import build_report
+
     _print_result(build_report(list(results), out_dir, png=png, title=title))
 
 
@@ -111,6 +116,8 @@ def _run_table1(spec, benchmarks, data_dir, out, report_dir, png, cache_dir) -> 
     from dspark_bench import drafters
     from dspark_bench.engine import EngineConfig
     from dspark_bench.report import paper as protocol
+    from dspark_bench.report.build import build_report
+    from dspark_bench.report.load import load_inputs
     from dspark_bench.runner import Run
     from dspark_bench.target import Target
 
