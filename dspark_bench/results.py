@@ -222,36 +222,19 @@ def merge_runs(parts: list[Path], out: Path, summarize: Any,
         raise ResultsError(f"{out} already holds a run; choose another output folder")
     datasets = datasets or [None] * len(parts)
     manifests = [read_manifest(p) for p in parts]
+    _check_same_settings(parts, manifests)
     read = [read_records(p) for p in parts]
-    kept = []
-    for part, m, recs, only in zip(parts, manifests, read, datasets, strict=True):
-        unknown = sorted((only or set()) - {p["dataset"] for p in m["prompts"]})
-        if unknown:
-            raise ResultsError(f"{part} decoded no dataset {', '.join(unknown)}; it has "
-                               f"{', '.join(dict.fromkeys(p['dataset'] for p in m['prompts']))}")
-        kept.append([p for p in complete_chunks(m, recs) if only is None or p["dataset"] in only])
+    kept = [_selected(part, m, recs, only) for part, m, recs, only in zip(parts, manifests, read, datasets, strict=True)]
+    owner = _owners(parts, kept)
+    records = [r for recs in read for r in recs if (r.dataset, r.prompt_id) in owner]
     first = manifests[0]["args"]
-    for part, m in zip(parts[1:], manifests[1:], strict=True):
-        differ = [k for k in MERGE_SAME if m["args"].get(k) != first.get(k)]
-        if differ:
-            raise ResultsError(f"{part} differs from {parts[0]} in {', '.join(differ)}: only parts of one run "
-                               f"(same settings, other prompts) can be merged")
-    seen: dict[tuple[str, str], Path] = {}
-    for part, prompts in zip(parts, kept, strict=True):
-        for p in prompts:
-            key = (p["dataset"], p["prompt_id"])
-            if key in seen:
-                raise ResultsError(f"prompt {key[1]} is in both {seen[key]} and {part}: the parts must be disjoint")
-            seen[key] = part
-    records = [r for recs in read for r in recs if (r.dataset, r.prompt_id) in seen]
     merged = {**manifests[0], "prompts": [p for prompts in kept for p in prompts],
               "args": {**first, "limit": max((m["args"].get("limit") or 0) for m in manifests) or None,
                        "skip": min(m["args"].get("skip", 0) for m in manifests)},
               "parts": [{"folder": str(p), "datasets": sorted(only) if only else "all", "args": m["args"],
-                         "started": m.get("started"),
-                         "finished": m.get("finished"), "git": m.get("git"), "machine": m.get("machine"),
-                         "prompts": len(k), "prompts_left_out": len(m["prompts"]) - len(k),
-                         "records_left_out": sum(seen.get((r.dataset, r.prompt_id)) != p for r in recs)}
+                         "started": m.get("started"), "finished": m.get("finished"), "git": m.get("git"),
+                         "machine": m.get("machine"), "prompts": len(k), "prompts_left_out": len(m["prompts"]) - len(k),
+                         "records_left_out": sum(owner.get((r.dataset, r.prompt_id)) != p for r in recs)}
                         for p, m, k, recs, only in zip(parts, manifests, kept, read, datasets, strict=True)]}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -260,3 +243,34 @@ def merge_runs(parts: list[Path], out: Path, summarize: Any,
     summary = summarize(records, int(first["block_size"]))
     write_json(out / SUMMARY, summary)
     return summary
+
+
+def _check_same_settings(parts: list[Path], manifests: list[dict[str, Any]]) -> None:
+    first = manifests[0]["args"]
+    for part, m in zip(parts[1:], manifests[1:], strict=True):
+        differ = [k for k in MERGE_SAME if m["args"].get(k) != first.get(k)]
+        if differ:
+            raise ResultsError(f"{part} differs from {parts[0]} in {', '.join(differ)}: only parts of one run "
+                               f"(same settings, other prompts) can be merged")
+
+
+def _selected(part: Path, manifest: dict[str, Any], records: list[RequestRecord],
+              only: set[str] | None) -> list[dict[str, Any]]:
+    """The part's prompts that the merge takes: its complete chunks, of the datasets in ``only`` (None: all)."""
+    unknown = sorted((only or set()) - {p["dataset"] for p in manifest["prompts"]})
+    if unknown:
+        raise ResultsError(f"{part} decoded no dataset {', '.join(unknown)}; it has "
+                           f"{', '.join(dict.fromkeys(p['dataset'] for p in manifest['prompts']))}")
+    return [p for p in complete_chunks(manifest, records) if only is None or p["dataset"] in only]
+
+
+def _owners(parts: list[Path], kept: list[list[dict[str, Any]]]) -> dict[tuple[str, str], Path]:
+    """(dataset, prompt id) -> the part that contributes it; a prompt in two parts is an error."""
+    owner: dict[tuple[str, str], Path] = {}
+    for part, prompts in zip(parts, kept, strict=True):
+        for p in prompts:
+            key = (p["dataset"], p["prompt_id"])
+            if key in owner:
+                raise ResultsError(f"prompt {key[1]} is in both {owner[key]} and {part}: the parts must be disjoint")
+            owner[key] = part
+    return owner
