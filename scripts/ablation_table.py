@@ -119,8 +119,8 @@ def markdown(data: dict) -> str:
         t = v["train"]
         if t:
             out.append(f"| {name} | {t['steps']} | {t['seconds']:.0f} | {' '.join(f'{a:.2f}' for a in t['acceptance'])} |")
-    out += ["", "Records left out (incomplete chunks): " + ", ".join(
-        f"{n} {v['dropped']}" for n, v in sorted(runs.items()) if v["dropped"]) or "none"]
+    dropped = ", ".join(f"{n} {v['dropped']}" for n, v in sorted(runs.items()) if v["dropped"])
+    out += ["", f"Records left out (incomplete chunks): {dropped or 'none'}"]
     return "\n".join(out) + "\n"
 
 
