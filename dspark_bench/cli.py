@@ -139,7 +139,6 @@ def merge(out, parts):
     """Join run folders that decoded other prompts of one run (see run --skip) into the run folder OUT.
 
     A PART may be FOLDER:DATASET,... to take only those datasets of it."""
-    from dspark_bench.metrics import summarize
     from dspark_bench.results import merge_runs
 
     folders, only = [], []
@@ -147,7 +146,7 @@ def merge(out, parts):
         folder, _, names = part.rpartition(":") if ":" in part and not Path(part).exists() else (part, "", "")
         folders.append(Path(folder))
         only.append({n.strip() for n in names.split(",") if n.strip()} or None)
-    summary = merge_runs(folders, Path(out), summarize, only)
+    summary = merge_runs(folders, Path(out), only)
     _print_summary(summary)
     stdout.print(f"{len(parts)} parts merged into [bold]{out}[/]")
 
@@ -156,7 +155,7 @@ def merge(out, parts):
 def list_() -> None:
     """Show targets, drafters, schedulers, suites and datasets."""
     from dspark_bench import drafters
-    from dspark_bench.runner import SHIPPED_DRAFTERS
+    from dspark_bench.drafters.checkpoint import SHIPPED_ROOT
     from dspark_bench.schedulers import scheduler_names
     from dspark_bench.suites import datasets, domains
 
@@ -166,7 +165,7 @@ def list_() -> None:
     table.add_column("name")
     table.add_column("shipped checkpoints (targets)")
     for name in drafters.names():
-        shipped = sorted(p.parent.parent.name for p in SHIPPED_DRAFTERS.glob(f"*/{name}/config.json"))  # targets
+        shipped = sorted(p.parent.parent.name for p in SHIPPED_ROOT.glob(f"*/{name}/config.json"))  # targets
         table.add_row(name, ", ".join(shipped) or "–")
     stdout.print(table)
     stdout.print(f"[bold]schedulers[/]: {', '.join(scheduler_names())}")

@@ -209,11 +209,10 @@ def complete_chunks(manifest: dict[str, Any], records: list[RequestRecord]) -> l
     return [p for c in chunks if all(have.get((p["dataset"], p["prompt_id"]), 0) >= want for p in c) for p in c]
 
 
-def merge_runs(parts: list[Path], out: Path, summarize: Any,
-               datasets: list[set[str] | None] | None = None) -> dict[str, Any]:
+def merge_runs(parts: list[Path], out: Path, datasets: list[set[str] | None] | None = None) -> dict[str, Any]:
     """Join run folders that decoded disjoint prompts with the same settings (``run --skip`` extending a run) into
     one run folder: the records of every part, one manifest listing the parts, and a summary over all records
-    (``summarize(records, gamma)``). Returns the summary. A part that stopped early contributes its complete
+    (:func:`dspark_bench.metrics.summarize`). Returns the summary. A part that stopped early contributes its complete
     chunks only (:func:`complete_chunks`); ``datasets[i]``, when given, keeps only those datasets of part i.
     What each part left out is counted in the manifest's ``parts``."""
     if len(parts) < 2:
@@ -240,6 +239,8 @@ def merge_runs(parts: list[Path], out: Path, summarize: Any,
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / MANIFEST, merged)
     (out / RECORDS).write_text("".join(json.dumps(record_to_dict(r)) + "\n" for r in records), encoding="utf-8")
+    from dspark_bench.metrics import summarize  # metrics imports this module
+
     summary = summarize(records, int(first["block_size"]))
     write_json(out / SUMMARY, summary)
     return summary

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_bench import drafters as drafter_registry
-from dspark_bench.drafters.checkpoint import SHIPPED_ROOT
+from dspark_bench.drafters import checkpoint
 from dspark_bench.engine import Engine, EngineConfig, Request, RequestResult
 from dspark_bench.metrics import summarize
 from dspark_bench.results import (
@@ -29,8 +29,6 @@ from dspark_bench.results import (
 from dspark_bench.schedulers import create_scheduler, scheduler_class
 from dspark_bench.suites import Prompt
 from dspark_bench.target import Target
-
-SHIPPED_DRAFTERS = SHIPPED_ROOT  # baselines/drafters/<target>/<drafter>/
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ class RunSpec:
 
 def default_drafters(target: str) -> tuple[str, ...]:
     """``none``, ``ngram`` and every model drafter with a shipped checkpoint for ``target``."""
-    shipped = [n for n in drafter_registry.names() if (SHIPPED_DRAFTERS / target / n / "config.json").is_file()]
+    shipped = [n for n in drafter_registry.names() if checkpoint.shipped_folder(target, n)]
     return ("none", "ngram", *[n for n in shipped if n not in ("none", "ngram")])
 
 
@@ -163,7 +161,7 @@ def calibration_for(drafter) -> str | None:
         return str(named)
     ckpt = getattr(drafter.config, "checkpoint", None)
     target = getattr(drafter, "target", None)
-    folder = Path(ckpt) if ckpt else (SHIPPED_DRAFTERS / target.name / drafter.name if target else None)
+    folder = Path(ckpt) if ckpt else (checkpoint.SHIPPED_ROOT / target.name / drafter.name if target else None)
     if folder is not None and (folder / "calibration.json").is_file():
         return str(folder / "calibration.json")
     return None

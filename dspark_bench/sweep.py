@@ -27,9 +27,10 @@ from typing import Any
 
 from dspark_bench import drafters as drafter_registry
 from dspark_bench.calibration import calibration_report, fit_sts, rounds_from_records, save_calibration
+from dspark_bench.drafters.checkpoint import shipped_folder
 from dspark_bench.metrics import acceptance, count_rounds, decode_tokens, tokens_per_s
 from dspark_bench.results import RequestRecord, read_records, write_json
-from dspark_bench.runner import SHIPPED_DRAFTERS, Run, RunSpec
+from dspark_bench.runner import Run, RunSpec
 from dspark_bench.suites import Prompt, load_suite
 from dspark_bench.target import Target
 
@@ -156,7 +157,7 @@ def usable(name: str, spec: SweepSpec) -> bool:
     cls = drafter_registry.drafter_class(name)
     fields = {f.name for f in dataclasses.fields(cls.Config)}
     return ("checkpoint" not in fields or bool(spec.drafter_options.get(name, {}).get("checkpoint"))
-            or (SHIPPED_DRAFTERS / spec.target / name / "config.json").is_file())
+            or shipped_folder(spec.target, name) is not None)
 
 
 def run_cell(cell: Cell, spec: SweepSpec, target: Target, prompts: Sequence[Prompt], folder: Path,

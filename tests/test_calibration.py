@@ -157,8 +157,9 @@ def test_shipped_calibration_reaches_runs_and_lm_eval_schedulers(tmp_path, monke
     from types import SimpleNamespace
 
     from dspark_bench import runner
+    from dspark_bench.drafters import checkpoint
 
-    monkeypatch.setattr(runner, "SHIPPED_DRAFTERS", tmp_path)
+    monkeypatch.setattr(checkpoint, "SHIPPED_ROOT", tmp_path)
     (tmp_path / "tiny" / "dspark").mkdir(parents=True)
     (tmp_path / "tiny" / "dspark" / "calibration.json").write_text("{}")
     drafter = SimpleNamespace(name="dspark", target=SimpleNamespace(name="tiny"),

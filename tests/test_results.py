@@ -139,22 +139,22 @@ def test_merge_joins_the_parts_of_one_run_and_refuses_others(tmp_path, monkeypat
     spec = RunSpec(target="tiny", drafters=("none", "ngram"), max_new_tokens=8, warmup=False)
     Run(spec, target, prompts[:2], tmp_path / "a").execute()
     Run(dataclasses.replace(spec, skip=2), target, prompts[2:], tmp_path / "b").execute()
-    summary = merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "ab", metrics.summarize)
+    summary = merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
     assert len(read_records(tmp_path / "ab")) == 8
     assert {g["n_requests"] for g in summary["groups"] if g["scope"] == "all"} == {4}
     manifest = read_manifest(tmp_path / "ab")
     assert [p["prompt_id"] for p in manifest["prompts"]] == ["p0", "p1", "p2", "p3"]
     assert [part["args"]["skip"] for part in manifest["parts"]] == [0, 2]
     with pytest.raises(ResultsError, match="must be disjoint"):
-        merge_runs([tmp_path / "a", tmp_path / "ab"], tmp_path / "x", metrics.summarize)
+        merge_runs([tmp_path / "a", tmp_path / "ab"], tmp_path / "x")
     with pytest.raises(ResultsError, match="decoded no dataset other; it has ds"):
-        merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "z", metrics.summarize, [None, {"other"}])
-    merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "sel", metrics.summarize, [{"ds"}, None])
+        merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "z", [None, {"other"}])
+    merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "sel", [{"ds"}, None])
     assert len(read_records(tmp_path / "sel")) == 8
     assert [part["datasets"] for part in read_manifest(tmp_path / "sel")["parts"]] == [["ds"], "all"]
     Run(dataclasses.replace(spec, max_new_tokens=6), target, prompts[2:], tmp_path / "c").execute()
     with pytest.raises(ResultsError, match="differs from .* in max_new_tokens"):
-        merge_runs([tmp_path / "a", tmp_path / "c"], tmp_path / "y", metrics.summarize)
+        merge_runs([tmp_path / "a", tmp_path / "c"], tmp_path / "y")
 
 
 def test_complete_chunks_drop_the_quick_finishers_of_a_stopped_chunk():

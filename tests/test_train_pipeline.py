@@ -257,9 +257,9 @@ def test_resume_accepts_the_same_data_folder_spelled_differently():
     """'./data/x' and 'data/x' are one folder: a resume must not refuse it; another folder still differs."""
     a = {"lr": 1, "data": {"folder": "./data/x", "features": "data/x/features", "manifest_sha256": "h"}}
     b = {"lr": 1, "data": {"folder": "data/x", "features": "./data/x/features", "manifest_sha256": "h"}}
-    assert trainer._same_paths(a) == trainer._same_paths(b)
-    assert trainer._same_paths(a) != trainer._same_paths({**b, "data": {**b["data"], "folder": "data/y"}})
-    assert trainer._same_paths({"data": {"features": "online"}})["data"]["features"] == "online"
+    assert trainer._comparable(a) == trainer._comparable(b)
+    assert trainer._comparable(a) != trainer._comparable({**b, "data": {**b["data"], "folder": "data/y"}})
+    assert trainer._comparable({"data": {"features": "online"}})["data"]["features"] == "online"
 
 
 def test_resume_fills_in_method_options_added_after_the_run_was_recorded():
@@ -268,9 +268,9 @@ def test_resume_fills_in_method_options_added_after_the_run_was_recorded():
 
     now = {"options": asdict(methods.MethodOptions())}
     old = {"options": {k: v for k, v in now["options"].items() if k != "markov_head"}}
-    assert trainer._same_paths(old) == trainer._same_paths(now)
+    assert trainer._comparable(old) == trainer._comparable(now)
     rnn = {"options": {**now["options"], "markov_head": "rnn"}}
-    assert trainer._same_paths(old) != trainer._same_paths(rnn)
+    assert trainer._comparable(old) != trainer._comparable(rnn)
 
 
 def test_markov_head_option_builds_that_head(target):

@@ -136,10 +136,9 @@ def target_arch(target: Target, **fields: Any) -> Arch:
 
 def shipped(method: str, target: Target, root: Path | None = None) -> Path | None:
     """The reference checkpoint shipped in ``baselines/drafters/<target>/<method>/``, if there is one."""
-    from dspark_bench.drafters.checkpoint import SHIPPED_ROOT
+    from dspark_bench.drafters.checkpoint import shipped_folder
 
-    folder = (root or SHIPPED_ROOT) / target.name / method
-    return folder if (folder / "config.json").is_file() else None
+    return shipped_folder(target.name, method, root)
 
 
 # ---- layers ------------------------------------------------------------------------------------------------

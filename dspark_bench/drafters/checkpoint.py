@@ -24,6 +24,12 @@ FORMAT = "dspark-bench-drafter/1"
 SHIPPED_ROOT = Path(__file__).resolve().parents[2] / "baselines" / "drafters"
 
 
+def shipped_folder(target_name: str, method: str, root: Path | None = None) -> Path | None:
+    """The reference checkpoint shipped for ``method`` on the target named ``target_name``, if there is one."""
+    folder = (root or SHIPPED_ROOT) / target_name / method
+    return folder if (folder / "config.json").is_file() else None
+
+
 class CheckpointError(ValueError):
     """A checkpoint that is missing, malformed, or does not fit the target."""
 

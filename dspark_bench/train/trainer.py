@@ -211,7 +211,7 @@ def _prepare(out: Path, config: TrainConfig, resume: bool) -> Path | None:
     if path.exists() and not resume:
         raise TrainError(f"{out} already holds a training run; pass --resume to continue it, or use a new --out")
     if path.exists():
-        have, want = _same_paths(json.loads(path.read_text())), _same_paths(json.loads(text))
+        have, want = _comparable(json.loads(path.read_text())), _comparable(json.loads(text))
         diff = sorted(k for k in want if have.get(k) != want[k])
         if diff:
             raise TrainError(f"cannot resume {out}: settings differ in {', '.join(diff)} "
@@ -222,7 +222,7 @@ def _prepare(out: Path, config: TrainConfig, resume: bool) -> Path | None:
     return done[-1] if done and resume else None
 
 
-def _same_paths(config: dict) -> dict:
+def _comparable(config: dict) -> dict:
     """The data provenance's paths normalised (``./data/x`` and ``data/x`` name the same folder on resume), and
     method options added since the run was recorded filled in with their defaults (what the run used)."""
     from dspark_bench.train.methods import MethodOptions
