@@ -139,15 +139,27 @@ def read_records(folder: str | Path) -> list[RequestRecord]:
         path, text = packed, gzip.decompress(packed.read_bytes()).decode("utf-8")
     else:
         raise ResultsError(f"{folder} has no {RECORDS} (or {RECORDS}.gz): is it a dspark-bench run folder?")
-    out = []
+    out, seen = [], {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            out.append(record_from_dict(json.loads(line)))
+            rec = record_from_dict(json.loads(line))
         except (json.JSONDecodeError, ResultsError) as exc:
             raise ResultsError(f"{path}:{n}: {exc}") from None
+        key = record_key(rec)
+        if key in seen:
+            raise ResultsError(f"{path}:{n}: drafter {rec.drafter}, dataset {rec.dataset}, prompt {rec.prompt_id}, "
+                               f"repeat {rec.repeat} is already recorded on line {seen[key]}; a run holds one record "
+                               f"per (drafter, dataset, prompt, repeat)")
+        seen[key] = n
+        out.append(rec)
     return out
+
+
+def record_key(rec: RequestRecord) -> tuple[str, str, str, int]:
+    """What identifies a record within one run: (drafter, dataset, prompt id, repeat)."""
+    return rec.drafter, rec.dataset, rec.prompt_id, rec.repeat
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:
@@ -211,10 +223,11 @@ def complete_chunks(manifest: dict[str, Any], records: list[RequestRecord]) -> l
 
 def merge_runs(parts: list[Path], out: Path, datasets: list[set[str] | None] | None = None) -> dict[str, Any]:
     """Join run folders that decoded disjoint prompts with the same settings (``run --skip`` extending a run) into
-    one run folder: the records of every part, one manifest listing the parts, and a summary over all records
+    one run folder: each prompt's records from the one part that contributes it, one manifest listing the parts, and a summary over all records
     (:func:`dspark_bench.metrics.summarize`). Returns the summary. A part that stopped early contributes its complete
     chunks only (:func:`complete_chunks`); ``datasets[i]``, when given, keeps only those datasets of part i.
-    What each part left out is counted in the manifest's ``parts``."""
+    A part's records of prompts it does not contribute (left-out datasets, incomplete chunks, also when another
+    part decoded the same prompt) are dropped; what each part left out is counted in the manifest's ``parts``."""
     if len(parts) < 2:
         raise ResultsError(f"merge needs at least two run folders, got {len(parts)}")
     if (Path(out) / RECORDS).exists():
@@ -225,7 +238,8 @@ def merge_runs(parts: list[Path], out: Path, datasets: list[set[str] | None] | N
     read = [read_records(p) for p in parts]
     kept = [_selected(part, m, recs, only) for part, m, recs, only in zip(parts, manifests, read, datasets, strict=True)]
     owner = _owners(parts, kept)
-    records = [r for recs in read for r in recs if (r.dataset, r.prompt_id) in owner]
+    records = [r for part, recs in zip(parts, read, strict=True) for r in recs
+               if owner.get((r.dataset, r.prompt_id)) == part]  # the owning part's copy only
     first = manifests[0]["args"]
     merged = {**manifests[0], "prompts": [p for prompts in kept for p in prompts],
               "args": {**first, "limit": max((m["args"].get("limit") or 0) for m in manifests) or None,

@@ -165,3 +165,86 @@ def test_complete_chunks_drop_the_quick_finishers_of_a_stopped_chunk():
     recs = [_rec([(7, 7, 1, 2)], drafter=d, prompt_id=p) for p in "abc" for d in ("none", "d")]
     recs.append(_rec([(7, 7, 1, 2)], drafter="none", prompt_id="d"))
     assert [p["prompt_id"] for p in complete_chunks(manifest, recs)] == ["a", "b"]  # c's partner d is unfinished
+
+
+def _part(folder, prompts, drafters=("none", "d"), concurrency=2, missing=(), tag=0):
+    """A run folder written by hand: ``prompts`` as (dataset, prompt id); a record for every drafter of every
+    prompt except the (drafter, prompt id) pairs in ``missing``; ``tag`` marks the part in each record's seed."""
+    from dspark_bench.results import MANIFEST, RECORDS, SCHEMA_VERSION
+
+    folder.mkdir(parents=True)
+    args = {"target": "tiny", "drafters": list(drafters), "drafter_options": {}, "scheduler": "fixed",
+            "scheduler_options": {}, "profile": None, "max_new_tokens": 4, "temperature": 1.0, "block_size": 7,
+            "seed": 1, "dtype": "fp32", "repeats": 1, "concurrency": concurrency, "limit": None, "skip": 0}
+    entries = [{"dataset": ds, "domain": "math", "prompt_id": pid, "index": i} for i, (ds, pid) in enumerate(prompts)]
+    (folder / MANIFEST).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "args": args, "prompts": entries}))
+    lines = [dataclasses.replace(_rec([(7, 7, 1, 2)], drafter=d, prompt_id=pid), dataset=ds, seed=tag)
+             for ds, pid in prompts for d in drafters if (d, pid) not in missing]
+    (folder / RECORDS).write_text("".join(json.dumps(record_to_dict(r)) + "\n" for r in lines))
+
+
+def _keys_and_parts(folder):
+    return sorted((r.drafter, r.dataset, r.prompt_id, r.seed) for r in read_records(folder))
+
+
+def test_merge_drops_the_records_of_datasets_a_selection_leaves_out(tmp_path):
+    from dspark_bench.results import merge_runs, read_manifest
+
+    # part a decoded gsm8k and chat; chat's prompts were decoded again by part b, which alone contributes them
+    _part(tmp_path / "a", [("gsm8k", "g0"), ("gsm8k", "g1"), ("chat", "c0"), ("chat", "c1")], tag=1)
+    _part(tmp_path / "b", [("chat", "c0"), ("chat", "c1")], tag=2)
+    merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "ab", [{"gsm8k"}, None])
+    got = _keys_and_parts(tmp_path / "ab")
+    assert len(got) == 8
+    assert {(ds, seed) for _, ds, _, seed in got} == {("gsm8k", 1), ("chat", 2)}
+    parts = read_manifest(tmp_path / "ab")["parts"]
+    assert [(p["prompts"], p["prompts_left_out"], p["records_left_out"]) for p in parts] == [(2, 2, 4), (2, 0, 0)]
+
+
+def test_merge_drops_an_incomplete_chunk_that_another_part_decoded_again(tmp_path):
+    from dspark_bench.results import merge_runs, read_manifest
+
+    # part a stopped in its second chunk (p2, p3): only none's p2 finished; part b decoded p2 and p3 again
+    _part(tmp_path / "a", [("ds", "p0"), ("ds", "p1"), ("ds", "p2"), ("ds", "p3")],
+          missing={("d", "p2"), ("none", "p3"), ("d", "p3")}, tag=1)
+    _part(tmp_path / "b", [("ds", "p2"), ("ds", "p3")], tag=2)
+    summary = merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
+    got = _keys_and_parts(tmp_path / "ab")
+    assert [(pid, seed) for d, _, pid, seed in got if d == "none"] == [("p0", 1), ("p1", 1), ("p2", 2), ("p3", 2)]
+    assert len(got) == 8
+    assert {g["n_requests"] for g in summary["groups"] if g["scope"] == "all"} == {4}
+    parts = read_manifest(tmp_path / "ab")["parts"]
+    assert [(p["prompts"], p["prompts_left_out"], p["records_left_out"]) for p in parts] == [(2, 2, 1), (2, 0, 0)]
+
+
+def test_read_records_refuses_a_duplicated_key(tmp_path):
+    lines = [json.dumps(record_to_dict(_rec([(7, 7, k, k + 1)], prompt_id="p9"))) + "\n" for k in (1, 2)]
+    (tmp_path / "records.jsonl").write_text("".join(lines))
+    with pytest.raises(ResultsError, match=r"records.jsonl:2: drafter d, dataset ds, prompt p9, repeat 0 is "
+                                           r"already recorded on line 1"):
+        read_records(tmp_path)
+    other = json.dumps(record_to_dict(_rec([(7, 7, 1, 2)], prompt_id="p9", repeat=1))) + "\n"
+    (tmp_path / "records.jsonl").write_text(lines[0] + other)
+    assert [r.repeat for r in read_records(tmp_path)] == [0, 1]
+
+
+def _committed_run_folders():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = sorted({p.parent for top in ("baselines", "results/examples", "reports")
+                    for p in (root / top).rglob("records.jsonl*")})
+    return [str(p.relative_to(root)) for p in found]
+
+
+@pytest.mark.parametrize("folder", _committed_run_folders())
+def test_no_committed_run_folder_holds_a_duplicated_key(folder):
+    from pathlib import Path
+
+    records = read_records(Path(__file__).resolve().parents[1] / folder)  # refuses a duplicated key
+    assert len({(r.drafter, r.dataset, r.prompt_id, r.repeat) for r in records}) == len(records) > 0
+
+
+def test_the_committed_run_folders_are_found():
+    folders = _committed_run_folders()
+    assert "baselines/offline-smollm2/full-a" in folders and "baselines/offline-smollm2/full-b" in folders
