@@ -11,10 +11,22 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dspark_bench.cli_common import console, friendly, parse_limit, parse_options, stdout
+from dspark_bench.cli_common import OneLineErrors, console, friendly, parse_limit, parse_options, stdout
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _SchedulerOption(click.Option):
+    """``--scheduler``, whose help names the registered schedulers (looked up when help is shown: the registry
+    imports torch, which plain parsing should not wait for)."""
+
+    def get_help_record(self, ctx):
+        from dspark_bench.schedulers import scheduler_names
+
+        self.help = (f"How many draft tokens to verify: one of {', '.join(scheduler_names())}, as NAME or "
+                     f"NAME[KEY=VALUE,...], e.g. threshold[theta=0.6].")
+        return super().get_help_record(ctx)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
 def main(verbose: bool) -> None:
     """Benchmark speculative decoding: DSpark and its baselines behind one engine."""
@@ -28,12 +40,14 @@ def main(verbose: bool) -> None:
               help="Comma list of drafters, all run on the same prompts. Default: none, ngram and every drafter "
                    "with a shipped checkpoint for the target.")
 @click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
-@click.option("--scheduler", default="fixed", show_default=True,
+@click.option("--scheduler", cls=_SchedulerOption, default="fixed", show_default=True,
               help="How many draft tokens to verify: NAME or NAME[KEY=VALUE,...], e.g. threshold[theta=0.6].")
 @click.option("--profile", "profile_path", default=None, help="Engine profile (SPS table) for hardware-aware/async.")
 @click.option("--suite", default="all", show_default=True,
-              help="Comma list of domains (math, code, chat), dataset names, 'all', or .jsonl paths.")
-@click.option("--limit", default="3", show_default=True, help="Prompts per dataset (after the seeded shuffle), or 'all'.")
+              help="Comma list of domains (math, code, chat), dataset names, 'all', or .jsonl / .jsonl.gz paths "
+                   "(DeepSpec's eval_datasets files run under their paper domain).")
+@click.option("--limit", default="3", show_default=True,
+              help="Prompts per dataset (after the seeded shuffle): a positive count, or 'all'.")
 @click.option("--skip", default=0, show_default=True, type=click.IntRange(min=0),
               help="Leave out the prompts a --limit N run decodes: --skip 32 --limit 100 decodes the prompts "
                    "that --limit 100 adds to --limit 32 (join the runs with `dspark-bench merge`).")
@@ -61,11 +75,16 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
     names = tuple(d.strip() for d in drafter_list.split(",") if d.strip()) if drafter_list else default_drafters(target)
     for name in names:
         drafters.drafter_class(name)  # fail on an unknown name before loading anything heavy
+    options = parse_options(drafter_opt)
+    _check_drafter_options(names, options)
     scheduler, scheduler_opts = parse_scheduler(scheduler)
     scheduler_class(scheduler)  # unknown names fail here, listing the known ones
+    _check_scheduler(scheduler, scheduler_opts, profile_path)
     if repeats < 1:
         raise click.BadParameter(f"--repeats must be >= 1, got {repeats}")
-    spec = RunSpec(target=target, drafters=names, drafter_options=parse_options(drafter_opt), scheduler=scheduler,
+    folder = Path(out or f"results/{time.strftime('%Y%m%d-%H%M%S')}-{Path(target).name}")
+    _check_out_folder(folder)
+    spec = RunSpec(target=target, drafters=names, drafter_options=options, scheduler=scheduler,
                    scheduler_options=scheduler_opts, profile=profile_path, suite=suite, limit=parse_limit(limit),
                    skip=skip, max_new_tokens=max_new_tokens, temperature=temperature,
                    block_size=block_size, seed=seed, dtype=dtype, repeats=repeats, concurrency=concurrency)
@@ -76,7 +95,7 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
     if not prompts:
         raise click.BadParameter(f"--skip {skip} leaves no prompt: --limit {limit} selects no prompt of {suite!r} "
                                  f"that --limit {skip} does not")
-    folder = Path(out or f"results/{time.strftime('%Y%m%d-%H%M%S')}-{Path(target).name}")
+    _check_target(target, Path(cache_dir) if cache_dir else None)
     console.print(f"loading target [bold]{target}[/] ({dtype}) ...")
     tgt = Target.load(target, dtype=dtype, cache_dir=Path(cache_dir) if cache_dir else None)
     total = len(prompts) * len(names) * repeats
@@ -84,6 +103,67 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
         summary = Run(spec, tgt, prompts, folder, on_record=progress.update).execute()
     _print_summary(summary)
     stdout.print(f"results written to [bold]{folder}[/]")
+
+
+def _check_drafter_options(names: tuple[str, ...], options: dict[str, dict[str, str]]) -> None:
+    """Every ``--drafter-opt`` names a drafter of the run and an option (and value) that drafter takes."""
+    from dspark_bench.drafters import registry
+
+    stray = [name for name in options if name not in names]
+    if stray:
+        raise ValueError(f"--drafter-opt names drafter {', '.join(map(repr, stray))}, which this run does not "
+                         f"decode; --drafter runs {', '.join(names)} (options are DRAFTER.KEY=VALUE for one of them)")
+    for name, opts in options.items():
+        registry.make_config(name, opts)  # unknown keys and values of the wrong type fail here
+
+
+def _check_scheduler(name: str, options: dict[str, str], profile: str | None) -> None:
+    """Build the scheduler once with the given options (its profile too), so a bad option or value fails now."""
+    import dataclasses
+
+    from dspark_bench.schedulers import create_scheduler, scheduler_class
+
+    cls, opts = scheduler_class(name), dict(options)
+    if profile and "profile" in {f.name for f in dataclasses.fields(cls)}:
+        opts.setdefault("profile", profile)
+    create_scheduler(name, **opts)  # unknown keys, values of the wrong type or range, a missing profile file
+
+
+def _check_out_folder(folder: Path) -> None:
+    from dspark_bench.results import MANIFEST, RECORDS
+
+    held = [f for f in (MANIFEST, RECORDS, RECORDS + ".gz") if (folder / f).exists()]
+    if held:
+        raise ValueError(f"--out {folder} already holds a run ({', '.join(held)}); give a new folder (or remove it)")
+
+
+def _check_target(name: str, cache_dir: Path | None) -> None:
+    """A target other than the embedded one must be a model folder or a hub id whose config can be read (from the
+    local hub cache, else from the hub), before anything is loaded."""
+    from dspark_bench.target import EMBEDDED, resolve_target
+
+    if name == EMBEDDED:
+        return
+    where = resolve_target(name, cache_dir)  # refuses names that are neither a folder nor 'org/name'
+    if Path(where).exists():
+        if not (Path(where) / "config.json").is_file():
+            raise ValueError(f"--target {name}: the folder has no config.json; give a Hugging Face model folder, "
+                             f"a hub id 'org/name', or '{EMBEDDED}'")
+        return
+    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(where, "config.json"), str):
+        return
+    try:
+        HfApi().model_info(where, timeout=20)
+    except RepositoryNotFoundError:
+        raise ValueError(f"--target {name}: no such model on the Hugging Face hub (or it is private); give a local "
+                         f"model folder, a hub id 'org/name', or '{EMBEDDED}'") from None
+    except Exception as exc:  # no network, a proxy error, a gated repo: say which and stop before loading
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"--target {name}: not in the local hub cache and the hub cannot be reached ({first}); "
+                         f"give a local model folder, a cached hub id, or '{EMBEDDED}'") from None
 
 
 class _RunProgress:

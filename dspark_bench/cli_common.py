@@ -7,6 +7,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 # Wide tables when piped (CI logs), the terminal's width otherwise.
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -14,6 +15,12 @@ stdout = Console(width=None if sys.stdout.isatty() else 160)
 
 # Errors that mean "bad input": reported as one clear line and exit status 2, without a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+def bad_input(message: str) -> None:
+    """One line on stderr (never wrapped, never read as markup) and exit status 2."""
+    console.print(f"[bold red]error:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
+    sys.exit(2)
 
 
 def friendly(fn):
@@ -24,22 +31,44 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as exc:
-            console.print(f"[bold red]error:[/] {exc}")
-            sys.exit(2)
+            bad_input(str(exc))
+        except click.UsageError as exc:  # BadParameter raised by a command's own checks
+            bad_input(exc.format_message())
 
     return wrapper
 
 
+class OneLineErrors(click.Group):
+    """A group whose option-parsing errors (a bad --limit type, a missing argument) are one line and exit 2, as
+    the commands' own checks are (:func:`friendly`), instead of click's usage block."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            name = exc.ctx.command_path if exc.ctx is not None else "dspark-bench"
+            bad_input(f"{exc.format_message()} (see {name} --help)")
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            console.print("Aborted!")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 def parse_limit(value: str) -> int | None:
-    """``--limit``: a positive count, or 'all' for the datasets' default caps."""
-    if value in ("all", "none", "0"):
+    """``--limit``: a positive count, or 'all' for the datasets' default caps (0 is refused: it is not 'all')."""
+    if value in ("all", "none"):
         return None
     try:
         n = int(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a count; give a positive integer or 'all'") from None
+        raise click.BadParameter(f"--limit {value!r} is not a count; give a positive integer or 'all'") from None
     if n < 1:
-        raise click.BadParameter(f"{value!r}: give a positive integer or 'all'")
+        raise click.BadParameter(f"--limit {value}: give a positive integer (prompts per dataset) or 'all'")
     return n
 
 

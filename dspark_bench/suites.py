@@ -3,7 +3,8 @@
 Terms:
 
 * **dataset**: one list of rows from one source: ``gsm8k``, ``aime25``, ``humaneval``, ``chat`` (defined in
-  ``suites/suites.toml``) or a user ``.jsonl`` file (domain ``custom``).
+  ``suites/suites.toml``) or a user ``.jsonl`` / ``.jsonl.gz`` file (domain ``custom``; DeepSpec's
+  ``eval_datasets`` files, recognised by name, get their paper domain: :data:`DEEPSPEC_FILES`).
 * **domain**: a named group of datasets (``math``, ``code``, ``chat``), in the order of ``suites.toml``;
   ``all`` means every domain.
 * **cap**: the default number of prompts of a dataset. A ``limit`` can only lower it:
@@ -43,6 +44,15 @@ _TURNS_HINT = 'each line must be a JSON object like {"turns": ["first user turn"
 _SPEC_KEYS = frozenset({"domain", "description", "source", "files", "format", "cap", "pip"})
 
 T = TypeVar("T")
+
+# DeepSpec's eval_datasets/<name>.jsonl files: the paper's domain and the reference evaluator's sample count
+# (TASKS; None: every row), looked up by the file's name with '-' and '_' dropped. Any other file is ``custom``.
+DEEPSPEC_FILES: Mapping[str, tuple[str, int | None]] = MappingProxyType({
+    "gsm8k": ("math", 500), "math500": ("math", 500), "aime24": ("math", None), "aime25": ("math", 30),
+    "humaneval": ("code", 164), "mbpp": ("code", 256), "livecodebench": ("code", 500), "lbpp": ("code", None),
+    "mtbench": ("chat", 80), "alpaca": ("chat", 500), "arenahardv2": ("chat", 500), "arenahard": ("chat", 500),
+})
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 
 
 class SuiteError(ValueError):
@@ -297,18 +307,34 @@ def load_dataset(name: str, limit: int | None = None, seed: int = DEFAULT_SEED) 
     )
 
 
+def file_dataset(path: str | Path) -> str:
+    """A prompt file's dataset name: its name without ``.jsonl`` or ``.jsonl.gz``."""
+    name = Path(path).name
+    return next((name[: -len(sfx)] for sfx in sorted(JSONL_SUFFIXES, key=len, reverse=True) if name.endswith(sfx)),
+                Path(path).stem)
+
+
+def file_domain(path: str | Path) -> tuple[str, int | None]:
+    """(domain, default cap) of a prompt file: a DeepSpec eval_datasets file's paper domain and sample count
+    (:data:`DEEPSPEC_FILES`), else (``custom``, every row)."""
+    key = file_dataset(path).lower().replace("-", "").replace("_", "")
+    return DEEPSPEC_FILES.get(key, (CUSTOM_DOMAIN, None))
+
+
 def load_jsonl(
     path: str | Path,
     limit: int | None = None,
     seed: int = DEFAULT_SEED,
     dataset: str | None = None,
-    domain: str = CUSTOM_DOMAIN,
+    domain: str | None = None,
 ) -> list[Prompt]:
-    """Prompts of a ``{"turns": [...]}`` JSONL file (first turn only); the dataset name defaults to the stem."""
+    """Prompts of a ``{"turns": [...]}`` JSONL (or gzip JSONL) file, first turn only. The dataset name defaults to
+    the file name; the domain (and default cap) to a DeepSpec file's (:func:`file_domain`), else ``custom``."""
     path = Path(path)
-    name = dataset if dataset is not None else path.stem
+    name = dataset if dataset is not None else file_dataset(path)
+    known, cap = file_domain(path)
     return _build(
-        [path], dataset=name, domain=domain, fmt="turns", cap=_effective_cap(None, limit), seed=seed
+        [path], dataset=name, domain=domain or known, fmt="turns", cap=_effective_cap(cap, limit), seed=seed
     )
 
 
@@ -317,7 +343,7 @@ def _unknown_item(
 ) -> SuiteError:
     return SuiteError(
         f"unknown suite item {item!r} in {spec!r}; known domains: {', '.join(groups)} (or {ALL!r} for every "
-        f"domain); known datasets: {', '.join(names)}; a path to a .jsonl file is also accepted"
+        f"domain); known datasets: {', '.join(names)}; a path to a .jsonl or .jsonl.gz file is also accepted"
     )
 
 
@@ -336,12 +362,12 @@ def _expand(spec: str, specs: Mapping[str, DatasetSpec]) -> list[str | Path]:
             targets = list(groups[item])
         elif item in specs:
             targets = [item]
-        elif item.endswith(".jsonl"):
+        elif item.endswith(JSONL_SUFFIXES):
             targets = [Path(item)]
         else:
             raise _unknown_item(item, spec, groups, list(specs))
         for target in targets:
-            name = target.stem if isinstance(target, Path) else target
+            name = file_dataset(target) if isinstance(target, Path) else target
             if name in chosen:
                 raise SuiteError(
                     f"suite spec {spec!r} selects dataset {name!r} twice (by {chosen[name][1]!r} and {item!r}); "

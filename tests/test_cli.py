@@ -106,3 +106,82 @@ def test_decoding_and_training_commands_work_without_plotly():
     for command in (["run", "--help"], ["train", "--help"], ["merge", "--help"]):
         res = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True, timeout=120)
         assert res.returncode == 0 and "Usage:" in res.stdout, res.stderr[-500:]
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Loading the target is the first work a run does: a bad-input case must stop before it."""
+    from dspark_bench.target import Target
+
+    def refuse(*a, **k):
+        raise AssertionError("the target was loaded before the input was checked")
+
+    monkeypatch.setattr(Target, "load", refuse)
+
+
+def _one_line(res) -> str:
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--drafter", "none,ngram", "--drafter-opt", "dpsark.checkpoint=x"],
+     ["--drafter-opt names drafter 'dpsark'", "--drafter runs none, ngram"]),
+    (["--drafter", "ngram", "--drafter-opt", "ngram.windw=3"], ["has no option(s) windw", "max_ngram"]),
+    (["--drafter", "none", "--scheduler", "threshold[thetta=0.5]"], ["no option(s) thetta", "theta"]),
+    (["--drafter", "none", "--scheduler", "async[lag=soon]"], ["lag='soon'", "int"]),
+    (["--drafter", "none", "--scheduler", "fixed[length=-1]"], ["fixed length must be >= 0"]),
+    (["--drafter", "none", "--scheduler", "hardware-aware", "--profile", "/no/such/profile.json"],
+     ["profile /no/such/profile.json not found"]),
+    (["--drafter", "none", "--scheduler", "threshold[calibration=/no/cal.json]"], ["calibration file /no/cal.json"]),
+    (["--drafter", "none", "--limit", "0"], ["--limit 0", "positive integer", "'all'"]),
+    (["--drafter", "none", "--concurrency", "two"], ["'two' is not a valid integer", "run --help)"]),
+    (["--drafter", "none", "--target", "not a model"], ["unknown target 'not a model'", "hub id"]),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_work(no_work, args, needles):
+    line = _one_line(_run(*args))
+    for needle in needles:
+        assert needle in line, line
+
+
+def test_an_out_folder_that_holds_a_run_is_refused(no_work, tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    line = _one_line(_run("--drafter", "none", "--out", str(tmp_path)))
+    assert f"--out {tmp_path} already holds a run (manifest.json)" in line
+
+
+def test_an_unknown_or_unreachable_hub_id_is_refused(no_work, monkeypatch, tmp_path):
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda *a, **k: None)
+
+    def missing(self, repo, **k):
+        err = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # its constructor wants an HTTP response
+        Exception.__init__(err, f"404 {repo}")
+        raise err
+
+    monkeypatch.setattr(HfApi, "model_info", missing)
+    assert "--target foo/bar: no such model on the Hugging Face hub" in _one_line(_run("--drafter", "none",
+                                                                                      "--target", "foo/bar"))
+
+    def offline(self, repo, **k):
+        raise ConnectionError("[Errno -2] Name or service not known\nmore detail")
+
+    monkeypatch.setattr(HfApi, "model_info", offline)
+    line = _one_line(_run("--drafter", "none", "--target", "foo/bar"))
+    assert "not in the local hub cache and the hub cannot be reached ([Errno -2] Name or service not known)" in line
+    (tmp_path / "model").mkdir()
+    line = _one_line(_run("--drafter", "none", "--target", str(tmp_path / "model")))
+    assert "the folder has no config.json" in line
+
+
+def test_run_help_names_every_scheduler():
+    from dspark_bench.schedulers import scheduler_names
+
+    res = CliRunner().invoke(main, ["run", "--help"])
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    assert all(name in text for name in scheduler_names()) and len(scheduler_names()) >= 4, text

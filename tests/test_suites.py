@@ -334,3 +334,33 @@ def test_skip_is_disjoint_where_a_dataset_is_shuffled_at_one_limit_only():
     first, rest = load_suite("aime25", limit=16), load_suite("aime25", limit=32, skip=16)
     ids = [p.prompt_id for p in first] + [p.prompt_id for p in rest]
     assert len(rest) == 14 and len(set(ids)) == 30 == len(ids)
+
+
+def test_a_gzipped_jsonl_suite_loads_under_its_own_name(tmp_path):
+    path = tmp_path / "bench.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"turns": ["first"]}\n{"turns": ["second"]}\n'))
+    prompts = load_suite(str(path))
+    assert [(p.dataset, p.domain, p.text) for p in prompts] == [("bench", "custom", "first"), ("bench", "custom", "second")]
+    with pytest.raises(SuiteError, match="selects dataset 'bench' twice"):
+        load_suite(f"{path},{tmp_path / 'bench.jsonl'}")
+
+
+@pytest.mark.parametrize("name, domain", [
+    ("gsm8k", "math"), ("math500", "math"), ("aime24", "math"), ("aime25", "math"),
+    ("humaneval", "code"), ("mbpp", "code"), ("livecodebench", "code"), ("lbpp", "code"),
+    ("mt-bench", "chat"), ("alpaca", "chat"), ("arena-hard-v2", "chat"), ("notes", "custom"),
+])
+def test_deepspec_eval_files_run_under_their_paper_domain(tmp_path, name, domain):
+    folder = tmp_path / "eval_datasets"
+    folder.mkdir()
+    path = _write(folder / f"{name}.jsonl", [json.dumps({"turns": [f"q{i}"]}) for i in range(3)])
+    prompts = load_suite(str(path), limit=2)
+    assert {(p.dataset, p.domain) for p in prompts} == {(name, domain)} and len(prompts) == 2
+
+
+def test_deepspec_eval_files_keep_the_reference_sample_count(tmp_path):
+    path = _write(tmp_path / "mbpp.jsonl", [json.dumps({"turns": [f"q{i}"]}) for i in range(257)])
+    prompts = load_suite(str(path))
+    assert len(prompts) == 256  # DeepSpec's TASKS: 256 of the file's 257 rows, reference shuffle
+    assert [p.text for p in prompts] == [f"q{i}" for i in _reference_order(257, 256)]
+    assert len(load_suite(str(_write(tmp_path / "other.jsonl", [json.dumps({"turns": ["q"]})] * 1)))) == 1
