@@ -13,6 +13,8 @@ from rich.table import Table
 
 from dspark_bench.cli_common import OneLineErrors, console, friendly, parse_limit, parse_options, stdout
 
+DEFAULT_BLOCK_SIZE = 7
+
 
 class _SchedulerOption(click.Option):
     """``--scheduler``, whose help names the registered schedulers (looked up when help is shown: the registry
@@ -53,7 +55,9 @@ def main(verbose: bool) -> None:
                    "that --limit 100 adds to --limit 32 (join the runs with `dspark-bench merge`).")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--temperature", default=1.0, show_default=True, type=float)
-@click.option("--block-size", default=7, show_default=True, type=int, help="Draft tokens per round (gamma).")
+@click.option("--block-size", default=None, type=int,
+              help="Draft tokens per round (gamma). Default: the block size (TTT length) the drafters' checkpoints "
+                   f"were trained with, which must agree; {DEFAULT_BLOCK_SIZE} without one. Another value warns.")
 @click.option("--seed", default=980406, show_default=True, type=int,
               help="Base seed; the request of a dataset's i-th prompt uses seed + i.")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
@@ -80,6 +84,7 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
     scheduler, scheduler_opts = parse_scheduler(scheduler)
     scheduler_class(scheduler)  # unknown names fail here, listing the known ones
     _check_scheduler(scheduler, scheduler_opts, profile_path)
+    block_size = resolve_block_size(block_size, names, options, target)
     if repeats < 1:
         raise click.BadParameter(f"--repeats must be >= 1, got {repeats}")
     folder = Path(out or f"results/{time.strftime('%Y%m%d-%H%M%S')}-{Path(target).name}")
@@ -127,6 +132,32 @@ def _check_scheduler(name: str, options: dict[str, str], profile: str | None) ->
     if profile and "profile" in {f.name for f in dataclasses.fields(cls)}:
         opts.setdefault("profile", profile)
     create_scheduler(name, **opts)  # unknown keys, values of the wrong type or range, a missing profile file
+
+
+def resolve_block_size(given: int | None, names: tuple[str, ...], options: dict[str, dict[str, str]],
+                       target: str) -> int:
+    """``--block-size``, or the proposal length the drafters' checkpoints were trained with (they must agree;
+    :data:`DEFAULT_BLOCK_SIZE` when none says). A given size that differs from a checkpoint's warns."""
+    from dspark_bench.drafters.checkpoint import local_checkpoint, trained_proposal_length
+
+    trained = {}
+    for name in names:
+        folder = local_checkpoint(options.get(name, {}).get("checkpoint"), target, name)
+        length = trained_proposal_length(folder) if folder is not None else None
+        if length is not None:
+            trained[name] = length
+    if given is None:
+        sizes = sorted(set(trained.values()))
+        if len(sizes) > 1:
+            listed = ", ".join(f"{n} {g}" for n, g in trained.items())
+            raise ValueError(f"the drafters' checkpoints were trained for different block sizes ({listed}); "
+                             f"give --block-size (one size for the whole run)")
+        return sizes[0] if sizes else DEFAULT_BLOCK_SIZE
+    for name, length in trained.items():
+        if length != given:
+            console.print(f"[yellow]warning:[/] --block-size {given} differs from the {length} draft tokens {name}'s "
+                          f"checkpoint was trained to propose", soft_wrap=True)
+    return given
 
 
 def _check_out_folder(folder: Path) -> None:

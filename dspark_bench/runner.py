@@ -151,7 +151,9 @@ def _architecture(drafter) -> dict:
     """The architecture the drafter actually runs (a loaded checkpoint's, which the options' defaults may not
     show: a 2-layer checkpoint under ``num_layers = 1``), for drafters that carry one."""
     arch = getattr(getattr(drafter, "model", None), "arch", None)
-    return {"architecture": arch.to_dict()} if hasattr(arch, "to_dict") else {}
+    if hasattr(arch, "to_dict"):  # block drafters: an Arch
+        return {"architecture": arch.to_dict()}
+    return {"architecture": arch()} if callable(arch) else {}  # chain drafters (Eagle3, MTP): arch() -> dict
 
 
 def calibration_for(drafter) -> str | None:

@@ -275,11 +275,11 @@ class Target:
         return logits
 
     def _check_taps(self, taps: tuple[int, ...]) -> None:
-        bad = [t for t in taps if not 0 <= t < self.num_layers - 1]
+        bad = [t for t in taps if not -1 <= t < self.num_layers - 1]  # -1: the embedding output (hidden_states[0])
         if bad:
             raise ValueError(
-                f"tapped layers {bad} out of range: taps must be decoder layers 0..{self.num_layers - 2} "
-                "(the last layer is forbidden: its HF hidden state is post-norm)"
+                f"tapped layers {bad} out of range: taps must be -1 (the embedding output) or decoder layers "
+                f"0..{self.num_layers - 2} (the last layer is forbidden: its HF hidden state is post-norm)"
             )
 
     # ---- cache bookkeeping ---------------------------------------------------------------------------------

@@ -406,7 +406,7 @@ def test_deepseek_dflash_sharded_and_rope_theta_spelling(qwen, tmp_path):
     ({"hidden_size": 32}, "hidden size 32"),
     ({"target_layer_ids": [1, 2, 5]}, "last target layer 5 is forbidden"),
     ({"target_layer_ids": [1, 2, 9]}, r"within 0\.\.4"),
-    ({"target_layer_ids": [-1, 2, 4]}, "embedding output"),
+    ({"target_layer_ids": [-2, 2, 4]}, r"-1 \(the embedding output\) or within 0\.\.4"),
     ({"num_target_layers": 8}, "num_target_layers 8"),
     ({"rope_parameters": {"rope_theta": 5.0, "rope_type": "default"}}, "RoPE"),
     ({"architectures": ["Gemma4DSparkModel"]}, "not supported"),

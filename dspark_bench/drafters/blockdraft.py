@@ -94,10 +94,10 @@ class Arch:
             problems.append(f"vocab size {self.vocab_size} != target's {target.vocab_size}")
         if self.hidden_size != target.hidden_size:
             problems.append(f"hidden size {self.hidden_size} != target's {target.hidden_size}")
-        bad = [t for t in self.taps if not 0 <= t <= target.num_layers - 2]
+        bad = [t for t in self.taps if not -1 <= t <= target.num_layers - 2]
         if bad or not self.taps:
-            problems.append(f"tapped layers {list(self.taps)} must be non-empty, within 0..{target.num_layers - 2} "
-                            f"(the last target layer {target.num_layers - 1} is forbidden)")
+            problems.append(f"tapped layers {list(self.taps)} must be non-empty, -1 (the embedding output) or within "
+                            f"0..{target.num_layers - 2} (the last target layer {target.num_layers - 1} is forbidden)")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < target.vocab_size:
             problems.append(f"mask_token_id {self.mask_token_id} outside the target vocab 0..{target.vocab_size - 1}")
         if self.markov_rank and self.markov_head_type not in MARKOV_HEAD_TYPES:

@@ -30,6 +30,37 @@ def shipped_folder(target_name: str, method: str, root: Path | None = None) -> P
     return folder if (folder / "config.json").is_file() else None
 
 
+def trained_proposal_length(folder: str | Path) -> int | None:
+    """How many draft tokens the checkpoint in ``folder`` was trained to propose: its block size (DSpark,
+    DFlash) or TTT length (DeepSpec Eagle3); None when its config.json does not say (MTP, our Eagle3)."""
+    file = Path(folder) / "config.json"
+    if not file.is_file():
+        return None
+    meta = json.loads(file.read_text())
+    if "architectures" in meta:  # DeepSpec's format: the draft keys sit beside the target's config
+        value = meta.get("block_size", meta.get("ttt_length"))
+    else:
+        value = (meta.get("config") or {}).get("block_size")
+    return None if value is None else int(value)
+
+
+def local_checkpoint(spec: str | None, target_name: str, method: str) -> Path | None:
+    """The folder a drafter's ``checkpoint`` option (or, without one, the shipped checkpoint) names, found without
+    downloading anything: a local folder, a hub id already in the local hub cache, or None."""
+    if not spec:
+        return shipped_folder(target_name, method)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(spec, "config.json")
+    except ValueError:  # not a valid repo id
+        return None
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
 class CheckpointError(ValueError):
     """A checkpoint that is missing, malformed, or does not fit the target."""
 
@@ -87,6 +118,10 @@ def check_target(meta: dict[str, Any], target: Target) -> None:
         raise CheckpointError("checkpoint has no target fingerprint")
     have = asdict(TargetFingerprint.of(target))
     diff = [k for k in ("vocab_size", "hidden_size", "num_layers", "weights_sha256") if want.get(k) != have[k]]
+    if diff == ["weights_sha256"] and target.dtype == torch.float16:
+        raise CheckpointError(f"cannot check this drafter against an fp16 target: its fingerprint hashes the "
+                              f"target's weights in bf16, and fp16 weights round to other bf16 values; load the "
+                              f"target in bf16 or fp32 (--dtype bf16 / fp32)")
     if diff:
         detail = ", ".join(f"{k}: checkpoint {want.get(k)!r} vs target {have[k]!r}" for k in diff)
         raise CheckpointError(f"drafter was trained for target {want.get('name')!r}, not {target.name!r} ({detail})")

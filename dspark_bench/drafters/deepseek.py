@@ -3,7 +3,8 @@
 Format (``/work/shared/reference/deepspec-checkpoint-format.md``): a folder with ``config.json`` (the target's
 HF config plus draft keys; ``architectures`` names the draft class) and ``model.safetensors`` (or shards listed in
 ``model.safetensors.index.json``), BF16, un-prefixed parameter names. The frozen ``embed_tokens`` and ``lm_head``
-copies are stored too; we check that they are the target's and then use the target's own modules.
+copies are stored too; we check that they are the target's (:func:`frozen_copy_matches`: compared in the
+checkpoint's dtype, so a bf16 draft also loads on an fp16 target) and then use the target's own modules.
 
 Organised per method: shared readers first, then one section per draft family.
 
@@ -67,29 +68,52 @@ def rope_settings(config: dict[str, Any]) -> tuple[float | None, str]:
     return (None if theta is None else float(theta)), str(params.get("rope_type", "default"))
 
 
+def _holds(wide: torch.dtype, narrow: torch.dtype) -> bool:
+    """Every value of dtype ``narrow`` is exactly a value of ``wide`` (fp32 holds bf16 and fp16; bf16 and fp16
+    do not hold each other: bf16 has the range, fp16 the precision)."""
+    return wide == narrow or (torch.finfo(wide).bits > torch.finfo(narrow).bits and wide.is_floating_point)
+
+
+def frozen_copy_matches(theirs: torch.Tensor, mine: torch.Tensor) -> bool:
+    """Is the checkpoint's frozen copy ``theirs`` the target weight ``mine``, as far as the two dtypes can tell?
+
+    Compared in the checkpoint's dtype. Where the target's dtype holds every value of the checkpoint's (the same
+    dtype, or an fp32 target), the copy must be exact. A bf16 copy on an fp16 target (or the reverse) went through
+    another rounding: each value may then differ by one rounding step of the coarser format (relative 2^-7, or
+    2^-24 absolute at fp16's subnormals), which no copy of another target's weights meets."""
+    if theirs.shape != mine.shape:
+        return False
+    mine = mine.detach().cpu()
+    if torch.equal(theirs, mine.to(theirs.dtype)):
+        return True
+    if _holds(mine.dtype, theirs.dtype):
+        return False
+    rel = max(torch.finfo(theirs.dtype).eps, torch.finfo(mine.dtype).eps)
+    a, b = theirs.double(), mine.double()
+    return bool(((a - b).abs() <= rel * torch.maximum(a.abs(), b.abs()) + 2.0 ** -24).all())
+
+
 def take_frozen_copies(state: dict[str, torch.Tensor], target: Target) -> None:
-    """Remove ``embed_tokens``/``lm_head`` from ``state`` after checking they are the target's (in bf16)."""
+    """Remove ``embed_tokens``/``lm_head`` from ``state`` after checking they are the target's
+    (:func:`frozen_copy_matches`)."""
     model = target.model
     for key, mine in (("embed_tokens.weight", model.get_input_embeddings().weight),
                       ("lm_head.weight", model.get_output_embeddings().weight)):
         theirs = state.pop(key, None)
         if theirs is None:
             raise CheckpointError(f"checkpoint has no {key} (DeepSpec checkpoints store the frozen target copies)")
-        same = theirs.shape == mine.shape and torch.equal(
-            theirs.to(torch.bfloat16), mine.detach().to(torch.bfloat16).cpu())
-        if not same:
+        if not frozen_copy_matches(theirs, mine):
             raise CheckpointError(f"checkpoint's {key} {tuple(theirs.shape)} is not a copy of target "
                                   f"{target.name!r}'s: the drafter was trained for a different target")
 
 
 def check_target_fit(config: dict[str, Any], target: Target) -> None:
-    """Checks DeepSpec leaves implicit: depth, RoPE, head size; and no embedding-output tap (-1)."""
+    """Checks DeepSpec leaves implicit: depth and RoPE. (Taps are checked by the architecture: -1, the embedding
+    output, is a valid tap.)"""
     problems = []
     depth = config.get("num_target_layers")
     if depth is not None and int(depth) != target.num_layers:
         problems.append(f"num_target_layers {depth} != the target's {target.num_layers} layers")
-    if any(int(t) < 0 for t in config.get("target_layer_ids", [])):
-        problems.append("tap -1 (the embedding output) is not supported: taps must be decoder layers")
     theirs, mine = rope_settings(config), rope_settings(target.config.to_dict())
     if theirs[0] is not None and mine[0] is not None and (theirs[0] != mine[0] or theirs[1] != mine[1]):
         problems.append(f"RoPE (theta, type) {theirs} != the target's {mine}")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dspark_bench.drafters.checkpoint import CheckpointError
+from dspark_bench.drafters.deepseek import frozen_copy_matches
 from dspark_bench.drafters.eagle3 import Eagle3Model
 from dspark_bench.drafters.layers import LayerSpec, rope_theta
 
@@ -82,9 +83,10 @@ def _tap_problems(taps: list[int], num_layers: int) -> list[str]:
         out.append(f"target_layer_ids {taps} are not strictly increasing")
     if num_layers - 1 in taps:
         out.append(f"target_layer_ids {taps} tap the target's last layer ({num_layers - 1}), which is forbidden")
-    bad = [t for t in taps if not 0 <= t <= num_layers - 1]
+    bad = [t for t in taps if not -1 <= t <= num_layers - 1]
     if bad:
-        out.append(f"target_layer_ids {bad} are outside the target's layers 0..{num_layers - 2}")
+        out.append(f"target_layer_ids {bad} are outside -1 (the embedding output) and the target's layers "
+                   f"0..{num_layers - 2}")
     return out
 
 
@@ -107,14 +109,15 @@ def read_state(folder: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _check_frozen(state: dict[str, torch.Tensor], target: Target) -> None:
-    """The checkpoint's embedding / LM-head copies must be the target's weights (bf16-identical)."""
+    """The checkpoint's embedding / LM-head copies must be the target's weights (compared in the checkpoint's
+    dtype: :func:`~dspark_bench.drafters.deepseek.frozen_copy_matches`)."""
     ours = {"embed_tokens.weight": target.model.get_input_embeddings().weight,
             "lm_head.weight": target.model.get_output_embeddings().weight}
     for key, mine in ours.items():
         theirs = state[key]
         if theirs.shape != mine.shape:
             raise CheckpointError(f"{key} has shape {tuple(theirs.shape)}, the target's {tuple(mine.shape)}")
-        if not torch.equal(theirs.to(torch.bfloat16), mine.detach().cpu().to(torch.bfloat16)):
+        if not frozen_copy_matches(theirs, mine):
             raise CheckpointError(f"{key} differs from the target's weights: this draft was made for another target")
 
 

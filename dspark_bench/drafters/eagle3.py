@@ -338,10 +338,12 @@ class ChainDrafter(Drafter):
 
 
 def check_taps(taps: tuple[int, ...], num_layers: int) -> None:
-    """Taps must be distinct, increasing decoder layers 0..L-2 (the last layer's HF state is post-norm)."""
-    if not taps or list(taps) != sorted(set(taps)) or not all(0 <= t <= num_layers - 2 for t in taps):
+    """Taps must be distinct, increasing: -1 (the embedding output) or decoder layers 0..L-2 (the last layer's HF
+    state is post-norm)."""
+    if not taps or list(taps) != sorted(set(taps)) or not all(-1 <= t <= num_layers - 2 for t in taps):
         raise DrafterError(f"taps {tuple(taps)} invalid for a {num_layers}-layer target: need strictly "
-                           f"increasing layer ids in 0..{num_layers - 2} (the last layer is never tapped)")
+                           f"increasing layer ids in -1 (the embedding output) and 0..{num_layers - 2} "
+                           f"(the last layer is never tapped)")
 
 
 def checkpoint_folder(spec: str | None, target: Target, method: str) -> Path | None:
