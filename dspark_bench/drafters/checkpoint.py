@@ -119,9 +119,9 @@ def check_target(meta: dict[str, Any], target: Target) -> None:
     have = asdict(TargetFingerprint.of(target))
     diff = [k for k in ("vocab_size", "hidden_size", "num_layers", "weights_sha256") if want.get(k) != have[k]]
     if diff == ["weights_sha256"] and target.dtype == torch.float16:
-        raise CheckpointError(f"cannot check this drafter against an fp16 target: its fingerprint hashes the "
-                              f"target's weights in bf16, and fp16 weights round to other bf16 values; load the "
-                              f"target in bf16 or fp32 (--dtype bf16 / fp32)")
+        raise CheckpointError("cannot check this drafter against an fp16 target: its fingerprint hashes the "
+                              "target's weights in bf16, and fp16 weights round to other bf16 values; load the "
+                              "target in bf16 or fp32 (--dtype bf16 / fp32)")
     if diff:
         detail = ", ".join(f"{k}: checkpoint {want.get(k)!r} vs target {have[k]!r}" for k in diff)
         raise CheckpointError(f"drafter was trained for target {want.get('name')!r}, not {target.name!r} ({detail})")
