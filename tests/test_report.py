@@ -319,3 +319,57 @@ def test_report_renders_in_chromium(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "figures rendered: 7/7" in out.stdout and (tmp_path / "shot.png").stat().st_size > 10_000
+
+
+def test_wilson_interval_matches_the_closed_form():
+    from dspark_bench.report.tables import wilson
+
+    lo, hi = wilson(6296, 21392)  # DFlash's first position on math (full-a)
+    assert (round(lo, 4), round(hi, 4)) == (0.2882, 0.3005)
+    assert wilson(1, 1)[0] < 0.21 and wilson(1, 1)[1] == 1.0  # one round says almost nothing
+    assert wilson(0, 0) is None and wilson(0, 10)[0] == 0.0
+
+
+def test_position_curve_has_intervals_and_marks_thin_positions(tmp_path):
+    folder = write_run(tmp_path / "run")
+    summary = json.loads((folder / "summary.json").read_text())
+    for g in summary["groups"]:
+        if g["drafter"] == "dflash":  # the late positions rest on a handful of rounds, the last on one
+            g["positions"].update(examined=[400, 120, 30, 12, 4, 2, 1], accepted=[120, 30, 9, 2, 1, 1, 1],
+                                  conditional=[0.3, 0.25, 0.3, 2 / 12, 0.25, 0.5, 1.0])
+    (folder / "summary.json").write_text(json.dumps(summary))
+    res = build_report([folder], tmp_path / "rep", png=False)
+    md = res.markdown.read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| math | dflash"))
+    cells = [c.strip() for c in row.strip("|").split("|")][2:]
+    assert cells[0] == "0.30 [0.26, 0.35]" and cells[2] == "0.30 [0.17, 0.48]"
+    assert cells[3:] == ["(0.17, n=12)", "(0.25, n=4)", "(0.50, n=2)", "(1.00, n=1)"]
+    assert "Wilson interval" in md and "fewer than 30 rounds" in md
+    html = res.html.read_text()
+    assert '"arrayminus"' in html  # the figure carries the intervals as error bars
+    from dspark_bench.report.figures import positions_figure
+    from dspark_bench.report.load import load_inputs
+
+    inputs = load_inputs([folder])
+    entries = [e for e in inputs.select("domain") if e.drafter == "dflash" and e.name == "math"]
+    trace = positions_figure(inputs, entries).data[0]
+    assert list(trace.y[:3]) == [0.3, 0.25, 0.3] and all(v is None for v in trace.y[3:])  # thin positions dropped
+
+
+def test_a_run_recorded_from_a_dirty_tree_says_so(tmp_path):
+    clean = write_run(tmp_path / "clean")
+    res = build_report([clean], tmp_path / "rep-clean", png=False)
+    assert "uncommitted changes" not in res.markdown.read_text()
+    assert "abc1234 (clean)" in res.markdown.read_text()
+    dirty = write_run(tmp_path / "dirty")
+    manifest = json.loads((dirty / "manifest.json").read_text())
+    manifest["parts"] = [{"folder": "results/x/a", "git": {"sha": "1111111111aa", "dirty": True}},
+                         {"folder": "results/x/b", "git": {"sha": "2222222222bb", "dirty": False}}]
+    (dirty / "manifest.json").write_text(json.dumps(manifest))
+    res = build_report([clean, dirty], tmp_path / "rep", png=False)
+    md, html = res.markdown.read_text(), res.html.read_text()
+    head = md.split("## ")[0]
+    assert "Warning: recorded from a git working tree with uncommitted changes" in head
+    assert "dirty (a at 1111111111)" in head and "clean (" not in head
+    assert "merged from: a 1111111111aa (DIRTY: uncommitted changes); b 2222222222bb (clean)" in md
+    assert "Warning: recorded from a git working tree with uncommitted changes" in html

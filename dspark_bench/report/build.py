@@ -34,7 +34,18 @@ def _meta(inputs: Inputs) -> str:
     unfinished = [r.name for r in inputs.runs if r.summary_source != "summary.json"]
     warn = f" Unfinished runs (numbers re-aggregated from records.jsonl): {', '.join(unfinished)}." if unfinished else ""
     return (f"Generated {time.strftime('%Y-%m-%d %H:%M %Z')}. Target(s): {targets}. Runs: {runs}. "
-            f"Other inputs: {files or 'none'}.{warn}")
+            f"Other inputs: {files or 'none'}.{warn}{_dirty_warning(inputs)}")
+
+
+def _dirty_warning(inputs: Inputs) -> str:
+    """One sentence naming the runs recorded from a working tree with uncommitted changes (no commit holds the
+    code that produced their numbers), or nothing."""
+    dirty = {r.name: r.dirty_sources() for r in inputs.runs if r.dirty_sources()}
+    if not dirty:
+        return ""
+    listed = "; ".join(f"{name} ({', '.join(src)})" for name, src in dirty.items())
+    return (f" Warning: recorded from a git working tree with uncommitted changes, so no commit holds the exact "
+            f"code behind these numbers: {listed}.")
 
 
 def _png_paths(sections: Sequence[Section], out_dir: Path) -> dict[str, list[Path]]:

@@ -15,6 +15,7 @@ from plotly.subplots import make_subplots
 from dspark_bench.report.inputs import Calibration, CellRow, Profile
 from dspark_bench.report.load import Entry, Inputs
 from dspark_bench.report.style import DASHES, PATTERNS, domain_sort_key, drafter_colour, style_figure
+from dspark_bench.report.tables import position_points
 
 
 def _styles(inputs: Inputs, entries: Sequence[Entry], omit: Sequence[str] = ()) -> dict[str, tuple[str, str, str]]:
@@ -42,18 +43,24 @@ def _domains(entries: Sequence[Entry]) -> list[str]:
 
 
 def positions_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
-    """Paper Figure 2: P(x_k accepted | x_1..x_{k-1} accepted) per draft position k, one panel per domain."""
+    """Paper Figure 2: P(x_k accepted | x_1..x_{k-1} accepted) per draft position k, one panel per domain, with
+    95% Wilson intervals; positions tested in fewer than ``MIN_ROUNDS`` rounds are left out."""
     domains = _domains(entries)
     fig = make_subplots(rows=1, cols=len(domains), subplot_titles=domains, shared_yaxes=True)
     styles, shown = _styles(inputs, entries), set()
     for col, dom in enumerate(domains, 1):
         for e in (x for x in entries if x.name == dom):
-            cond, examined = e.metrics["positions"]["conditional"], e.metrics["positions"].get("examined")
+            points = position_points(e.metrics["positions"])  # positions with too few rounds are left out
+            y = [p.rate if p.enough else None for p in points]
+            up = [(p.interval[1] - p.rate) if p.enough and p.interval else 0.0 for p in points]
+            down = [(p.rate - p.interval[0]) if p.enough and p.interval else 0.0 for p in points]
             label = inputs.label(e)
             colour, dash, _ = styles[label]
             fig.add_trace(go.Scatter(
-                x=list(range(1, len(cond) + 1)), y=cond, name=label, legendgroup=label, showlegend=label not in shown,
-                mode="lines+markers", line={"color": colour, "dash": dash}, marker={"size": 7}, customdata=examined,
+                x=list(range(1, len(points) + 1)), y=y, name=label, legendgroup=label, showlegend=label not in shown,
+                mode="lines+markers", line={"color": colour, "dash": dash}, marker={"size": 7},
+                error_y={"type": "data", "array": up, "arrayminus": down, "thickness": 1, "width": 3},
+                customdata=[p.examined for p in points],
                 hovertemplate=f"{label}<br>k=%{{x}}: %{{y:.3f}} of %{{customdata}} tested<extra>{dom}</extra>"),
                 row=1, col=col)
             shown.add(label)

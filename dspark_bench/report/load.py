@@ -49,6 +49,18 @@ class RunData:
     def block_size(self) -> int:
         return int(self.manifest.get("args", {}).get("block_size") or self.summary.get("gamma"))
 
+    def git_states(self) -> tuple[tuple[str, str, bool | None], ...]:
+        """(source, sha, dirty) of the code that recorded the run: the run itself, or each part of a merged run
+        (``dspark-bench merge``). ``dirty``: tracked files had uncommitted changes; None: not recorded."""
+        parts = self.manifest.get("parts") or []
+        states = [(str(p.get("folder", "?")), p.get("git") or {}) for p in parts] if parts else \
+            [(self.name, self.manifest.get("git") or {})]
+        return tuple((src, str(g.get("sha") or "?"), g.get("dirty")) for src, g in states)
+
+    def dirty_sources(self) -> tuple[str, ...]:
+        """The sources (see :meth:`git_states`) recorded from a working tree with uncommitted changes."""
+        return tuple(f"{Path(src).name} at {sha[:10]}" for src, sha, dirty in self.git_states() if dirty)
+
     def domains(self) -> dict[str, str]:
         """Dataset -> domain, from the manifest's prompt list."""
         return {p["dataset"]: p["domain"] for p in self.manifest.get("prompts", [])}

@@ -8,17 +8,19 @@ of those means. Per-dataset τ and its 95% interval are read from ``summary.json
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from dspark_bench.report.inputs import Calibration, CellRow, Lossless, Profile
 from dspark_bench.report.load import Entry, Inputs, RunData
 from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key, fmt, fmt_ci, fmt_pct
 
-# A numeric cell ("5.68 [5.43, 5.93]", "+16.3%", "1.02×", "1e-12", "–"): such columns are right-aligned.
-_NUMERIC = re.compile(r"[-+−–]?[\d.,]*\d(e[-+]?\d+)?\s*[%×]?( \[[-\d., ]+\])?|–|")
+# A numeric cell ("5.68 [5.43, 5.93]", "+16.3%", "1.02×", "1e-12", "–", "(0.25, n=4)"): such columns are right-aligned.
+_NUMERIC = re.compile(r"[-+−–]?[\d.,]*\d(e[-+]?\d+)?\s*[%×]?( \[[-\d., ]+\])?|–|\(\d[\d.]*, n=\d+\)|")
 
 
 @dataclass(frozen=True)
@@ -123,15 +125,64 @@ def gains_table(inputs: Inputs) -> Table | None:
                  tuple(rows), caption)
 
 
+MIN_ROUNDS = 30  # a draft position tested in fewer rounds is marked in the table and left out of the figure
+WILSON_Z = 1.959964  # 95%
+
+
+def wilson(successes: int, trials: int, z: float = WILSON_Z) -> tuple[float, float] | None:
+    """Wilson score interval of a binomial proportion; None without trials."""
+    if trials <= 0:
+        return None
+    p, zz = successes / trials, z * z
+    centre = (p + zz / (2 * trials)) / (1 + zz / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + zz / (4 * trials * trials)) / (1 + zz / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class PositionPoint:
+    """Conditional acceptance at one draft position: the rate, its 95% Wilson interval and the rounds behind it
+    (``examined``: rounds that tested this position; None where the summary does not record counts)."""
+
+    rate: float | None
+    interval: tuple[float, float] | None
+    examined: int | None
+
+    @property
+    def enough(self) -> bool:
+        return self.rate is not None and (self.examined is None or self.examined >= MIN_ROUNDS)
+
+
+def position_points(positions: Mapping) -> list[PositionPoint]:
+    """Per draft position k: accepted[k] / examined[k] with its Wilson interval (summary.json 'positions')."""
+    cond = positions.get("conditional", [])
+    accepted, examined = positions.get("accepted"), positions.get("examined")
+    if accepted is None or examined is None:
+        return [PositionPoint(c, None, None) for c in cond]
+    return [PositionPoint(c, wilson(int(a), int(n)), int(n)) for c, a, n in zip(cond, accepted, examined, strict=True)]
+
+
+def _position_cell(pt: PositionPoint) -> str:
+    if pt.rate is None:
+        return "–"
+    if not pt.enough:
+        return f"({fmt(pt.rate)}, n={pt.examined})"
+    return fmt(pt.rate) + fmt_ci(pt.interval)
+
+
 def positions_table(inputs: Inputs, entries: Sequence[Entry]) -> Table:
-    """Conditional acceptance per draft position, one row per domain and series."""
+    """Conditional acceptance per draft position, one row per domain and series, with 95% Wilson intervals."""
     width = max((len(e.metrics.get("positions", {}).get("conditional", [])) for e in entries), default=0)
     rows = []
     for e in entries:
-        cond = e.metrics.get("positions", {}).get("conditional", [])
-        rows.append((e.name, inputs.label(e), *(fmt(c) for c in cond), *("" for _ in range(width - len(cond)))))
+        points = position_points(e.metrics.get("positions", {}))
+        rows.append((e.name, inputs.label(e), *(_position_cell(p) for p in points),
+                     *("" for _ in range(width - len(points)))))
+    caption = (f"Brackets: 95% Wilson interval over the rounds that tested the position. Rounds of one prompt are "
+               f"correlated, so the intervals are narrower than a per-prompt interval would be. A position tested "
+               f"in fewer than {MIN_ROUNDS} rounds is shown as (rate, n=rounds) and left out of the figure.")
     return Table("Conditional acceptance per draft position", ("domain", "drafter", *(f"k={j}" for j in range(1, width + 1))),
-                 tuple(rows))
+                 tuple(rows), caption)
 
 
 def block_size_table(inputs: Inputs, entries: Sequence[Entry], omit: Sequence[str] = ("block_size", "run")) -> Table:
@@ -226,7 +277,7 @@ def _versions(v: Mapping[str, str | None]) -> str:
 def manifest_table(run: RunData) -> Table:
     """What reproduces a run: target, drafters, arguments, versions, machine, seeds, git state."""
     m = run.manifest
-    args, git, machine = m.get("args", {}), m.get("git", {}), m.get("machine", {})
+    args, machine = m.get("args", {}), m.get("machine", {})
     target = m.get("target", {})
     drafters = m.get("drafters", {})
     rows = [
@@ -237,7 +288,7 @@ def manifest_table(run: RunData) -> Table:
         ("seeds", ", ".join(f"{k}: {v}" for k, v in m.get("seeds", {}).items())),
         ("versions", _versions(m.get("versions", {}))),
         ("machine", ", ".join(f"{k}={v}" for k, v in machine.items() if v is not None)),
-        ("git", f"{git.get('sha') or '?'}{' (dirty)' if git.get('dirty') else ''}"),
+        ("git", _git_cell(run)),
         ("time", f"{m.get('started', '?')} → {m.get('finished', 'unfinished')}"),
         ("numbers from", run.summary_source),
     ]
@@ -245,4 +296,19 @@ def manifest_table(run: RunData) -> Table:
         config = info.get("config") if isinstance(info, Mapping) else None
         if config:
             rows.append((f"drafter {name}", ", ".join(f"{k}={v}" for k, v in config.items())))
+        arch = info.get("architecture") if isinstance(info, Mapping) else None
+        if arch:
+            rows.append((f"drafter {name} architecture (as loaded)", ", ".join(f"{k}={v}" for k, v in arch.items())))
     return Table(f"Run {run.name}", ("field", "value"), tuple(rows))
+
+
+def _git_cell(run: RunData) -> str:
+    """The commit(s) that recorded the run, each marked when the working tree had uncommitted changes."""
+    def one(sha: str, dirty: bool | None) -> str:
+        return sha + (" (DIRTY: uncommitted changes)" if dirty else " (git state not recorded)" if dirty is None
+                      else " (clean)")
+
+    states = run.git_states()
+    if not run.manifest.get("parts"):
+        return one(*states[0][1:])
+    return "merged from: " + "; ".join(f"{Path(src).name} {one(sha, dirty)}" for src, sha, dirty in states)
