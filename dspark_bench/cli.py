@@ -343,13 +343,16 @@ def bench(target, suite, limit, max_new_tokens, temperatures, repeats, dtype, ou
 @click.option("--speedup-tol", default=0.20, show_default=True, help="Relative speedup-vs-none drop.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(path_type=Path),
               help="Also write the table as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
+@click.option("--sampled-only", is_flag=True,
+              help="Judge only the sampled metrics (tau, positions, speedup, errors): for measuring the gate's "
+                   "error rates on sampled reruns (scripts/gate_power.sh), not for CI.")
 @friendly
-def gate(baseline_dir, runs, tau_tol, position_tol, speedup_tol, md_path):
+def gate(baseline_dir, runs, tau_tol, position_tol, speedup_tol, md_path, sampled_only):
     """Compare fresh RUNS with a committed baseline; exit 1 on a regression."""
     from dspark_bench.gate import Tolerances, compare, load_baseline, markdown, snapshot
 
     tol = Tolerances(tau=tau_tol, position=position_tol, speedup=speedup_tol)
-    checks = compare(load_baseline(baseline_dir), snapshot(list(runs)), tol)
+    checks = compare(load_baseline(baseline_dir), snapshot(list(runs)), tol, sampled_only=sampled_only)
     table = Table(title=f"gate vs {baseline_dir}")
     for col in ("metric", "scope", "baseline", "new", "interval", "verdict"):
         table.add_column(col)

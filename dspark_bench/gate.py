@@ -26,9 +26,23 @@ Decision rules:
   family-wise error of ``family_alpha`` (5%) split Bonferroni-wise: with m checks, each interval is two-sided at
   1 - 0.05/m. Without the split, 20 independent tau checks at 95%, each with a one-sided false-fail chance of
   2.5%, would fail an unchanged drafter set up to 1 - 0.975^20 = 40% of the time.
-* **speedup over none** (a ratio measured within each run, never an absolute time): fail iff every repeat's
-  ratio is below base * (1 - speedup tol); default 20%, since CPU timings vary 10-50%.
-* **greedy equality** and **lossless verdicts**: any mismatch or failed verdict fails.
+* **speedup over none** (a ratio measured within each run, never an absolute time): each repeat of a run decodes
+  ``none`` and the drafter interleaved, chunk by chunk, so each repeat gives one speedup ratio. On the log scale,
+  r = exp(mean log new - mean log base), with a t interval whose spread is estimated from all repeats of the
+  baseline (pooled over its seeds) and of the new runs; Bonferroni over the drafters. Fail iff r < 1 - speedup tol
+  **and** the upper end of the interval is below 1. With fewer than 2 values in all (no spread to estimate), the
+  older rule applies and says so: fail iff every repeat is below base * (1 - tol).
+* **errors**: a drafter whose failed requests (records with status other than ``ok``) per run rose above the
+  baseline's most in any of its runs fails, whatever the other checks say (they judge ``ok`` records only).
+* **present**: a baseline drafter absent from the new runs fails, as does one absent from their temperature-0
+  records when the baseline has them.
+* **greedy equality** and **lossless verdicts**: any mismatch or failed verdict fails; a baseline with lossless
+  rows needs a ``lossless.json`` in the new runs, and a baseline with temperature-0 records needs such records
+  (else both fail). ``sampled_only`` (for measuring the gate's error rates on sampled reruns) skips these two.
+
+A baseline may pool several runs of the same prompts with other seeds (``baseline update RUN1 RUN2 ...``): each
+prompt's counts are summed over the runs, so tau and the position rates are pooled estimates, the bootstrap still
+resamples prompts (paired with the new run's), and the speedup's spread is seen across seeds.
 """
 
 from __future__ import annotations
@@ -80,16 +94,25 @@ class Check:
 
 # ---- snapshots: what a baseline stores and a new run is reduced to ------------------------------------------
 def snapshot(runs: list[Path]) -> dict:
-    """The comparable content of one or more run folders, from recorded results only."""
-    sampled: list[RequestRecord] = []
+    """The comparable content of one or more run folders, from recorded results only. Sampled runs of the same
+    prompts (other seeds) are pooled: each prompt's counts are summed over the runs."""
+    sampled: list[list[RequestRecord]] = []  # one list per sampled run
     greedy: list[RequestRecord] = []
+    errors: dict[str, list[int]] = {}  # drafter -> failed requests per run
     speedups: dict[str, list[float]] = {}
-    gammas = set()
+    gammas, seeds = set(), []
     for run in runs:
         manifest = read_manifest(run)
         gammas.add(manifest["args"]["block_size"])
-        recs = [r for r in read_records(run) if r.ok]
-        (sampled if manifest["args"]["temperature"] > 0 else greedy).extend(recs)
+        every = read_records(run)
+        for name in dict.fromkeys(r.drafter for r in every):
+            errors.setdefault(name, []).append(sum(not r.ok for r in every if r.drafter == name))
+        recs = [r for r in every if r.ok]
+        if manifest["args"]["temperature"] > 0:
+            sampled.append(recs)
+            seeds.append(manifest["args"].get("seed"))
+        else:
+            greedy.extend(recs)
         if manifest["args"]["temperature"] > 0 and (run / "summary.json").is_file():
             for g in json.loads((run / "summary.json").read_text())["groups"]:
                 if g["scope"] == "all" and g["drafter"] != "none":
@@ -97,26 +120,35 @@ def snapshot(runs: list[Path]) -> dict:
     if len(gammas) != 1:
         raise GateError(f"runs mix block sizes {sorted(gammas)}; gate one block size at a time")
     gamma = gammas.pop()
-    drafters = sorted({r.drafter for r in sampled + greedy})
+    drafters = sorted({r.drafter for recs in sampled for r in recs} | {r.drafter for r in greedy})
     return {
         "gamma": gamma,
-        "drafters": {d: _drafter_snapshot(d, sampled, greedy, speedups.get(d, []), gamma) for d in drafters},
+        "sampled_seeds": seeds,
+        "has_greedy": bool(greedy),
+        "drafters": {d: {**_drafter_snapshot(d, sampled, greedy, speedups.get(d, []), gamma),
+                         "errors_per_run": errors.get(d, [])} for d in drafters},
         "lossless": _lossless(runs),
     }
 
 
 def _drafter_snapshot(name, sampled, greedy, speedups, gamma) -> dict:
-    mine = [r for r in sampled if r.drafter == name and r.repeat == 0]
-    domains = sorted({r.domain for r in mine})
-    c = count_rounds((x for r in mine for x in r.rounds), gamma)
-    per_prompt = {}
-    for r in mine:
-        pc = count_rounds(r.rounds, gamma)
-        per_prompt[f"{r.dataset}/{r.prompt_id}"] = [list(pc.examined_at), list(pc.accepted_at)]
+    domains: dict[str, dict[str, list[int]]] = {}
+    per_prompt: dict[str, list[list[int]]] = {}
+    examined, accepted = np.zeros(gamma, int), np.zeros(gamma, int)
+    for recs in sampled:  # one run after the other: a prompt's counts add up over the runs (seeds)
+        for r in (r for r in recs if r.drafter == name and r.repeat == 0):
+            key, pc = f"{r.dataset}/{r.prompt_id}", count_rounds(r.rounds, gamma)
+            pair = domains.setdefault(r.domain, {}).setdefault(key, [0, 0])
+            pair[0] += sum(x[3] for x in r.rounds)
+            pair[1] += len(r.rounds)
+            have = per_prompt.setdefault(key, [[0] * gamma, [0] * gamma])
+            have[0] = [a + b for a, b in zip(have[0], pc.examined_at, strict=True)]
+            have[1] = [a + b for a, b in zip(have[1], pc.accepted_at, strict=True)]
+            examined += np.array(pc.examined_at)
+            accepted += np.array(pc.accepted_at)
     return {
-        "domains": {d: {f"{r.dataset}/{r.prompt_id}": [sum(x[3] for x in r.rounds), len(r.rounds)]
-                        for r in mine if r.domain == d} for d in domains},
-        "positions": {"examined": list(c.examined_at), "accepted": list(c.accepted_at)},
+        "domains": {d: domains[d] for d in sorted(domains)},
+        "positions": {"examined": examined.tolist(), "accepted": accepted.tolist()},
         "position_prompts": per_prompt,
         "speedup_repeats": speedups,
         "greedy_equal": _greedy_equal(name, greedy),
@@ -214,16 +246,39 @@ def position_checks(name: str, base: dict, new: dict, tol: Tolerances,
     return out
 
 
-def speedup_check(name: str, base: list[float], new: list[float], tol: Tolerances) -> Check:
+def speedup_check(name: str, base: list[float], new: list[float], tol: Tolerances, checks: int = 1) -> Check:
+    """Speedup ratio new / base of the per-repeat speedups on the log scale, with a t interval (docstring)."""
+    from scipy import stats
+
+    base, new = [b for b in base if b and b > 0], [x for x in new if x and x > 0]
     if not base:
         return Check("speedup vs none", name, None, None, "", "n/a: baseline has no speedup")
     ref = statistics.median(base)
     if not new:
         return Check("speedup vs none", name, ref, None, "", "fail")
-    floor = ref * (1 - tol.speedup)
-    fail = all(s < floor for s in new)
+    lb, ln = np.log(base), np.log(new)
+    dof = len(lb) + len(ln) - 2
+    if dof < 1:  # no spread to estimate: the floor rule
+        floor = ref * (1 - tol.speedup)
+        fail = all(s < floor for s in new)
+        return Check("speedup vs none", name, ref, statistics.median(new),
+                     f"repeats {min(new):.2f}-{max(new):.2f}, floor {floor:.2f} (1 value each: no interval)",
+                     "fail" if fail else "pass")
+    spread = math.sqrt((((lb - lb.mean()) ** 2).sum() + ((ln - ln.mean()) ** 2).sum()) / dof)  # pooled sd
+    diff = float(ln.mean() - lb.mean())
+    half = float(stats.t.ppf(1 - tol.family_alpha / (2 * checks), dof)) * spread * math.sqrt(1 / len(lb) + 1 / len(ln))
+    ratio, lo, hi = math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+    fail = ratio < 1 - tol.speedup and hi < 1
     return Check("speedup vs none", name, ref, statistics.median(new),
-                 f"repeats {min(new):.2f}-{max(new):.2f}, floor {floor:.2f}", "fail" if fail else "pass")
+                 f"ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}] ({len(ln)} vs {len(lb)} repeats)", "fail" if fail else "pass")
+
+
+def error_check(name: str, base: list[int] | None, new: list[int]) -> Check:
+    """Failed requests per run may not rise above the baseline's most in any of its runs."""
+    most = max(base) if base else 0
+    note = "" if base is not None else "baseline recorded no error counts: taken as 0"
+    worst = max(new) if new else 0
+    return Check("errors", name, float(most), float(worst), note, "fail" if worst > most else "pass")
 
 
 def greedy_check(name: str, base: bool | None, new: bool | None) -> Check | None:
@@ -235,9 +290,14 @@ def greedy_check(name: str, base: bool | None, new: bool | None) -> Check | None
                  "pass" if new else "fail")
 
 
-def lossless_checks(base_rows: list[dict], new_rows: list[dict]) -> list[Check]:
+def lossless_checks(base_rows: list[dict], new_rows: list[dict], sampled_only: bool = False) -> list[Check]:
     if not new_rows:
-        return [Check("lossless", "battery", None, None, "", "n/a: no lossless.json in the run")] if base_rows else []
+        if not base_rows:
+            return []
+        if sampled_only:
+            return [Check("lossless", "battery", None, None, "", "n/a: sampled metrics only")]
+        return [Check("lossless", "battery", None, None, f"no {LOSSLESS_FILE} in the runs; the baseline has "
+                      f"{len(base_rows)} rows (run dspark-bench check-lossless --out RUN)", "fail")]
     out = []
     for row in new_rows:
         want = row.get("expected", "fail" if row.get("is_control") else "pass")
@@ -247,18 +307,24 @@ def lossless_checks(base_rows: list[dict], new_rows: list[dict]) -> list[Check]:
     return out
 
 
-def compare(baseline: dict, new: dict, tol: Tolerances = Tolerances()) -> list[Check]:
-    """Every check of the module docstring, baseline vs a new snapshot."""
+def compare(baseline: dict, new: dict, tol: Tolerances = Tolerances(), sampled_only: bool = False) -> list[Check]:
+    """Every check of the module docstring, baseline vs a new snapshot. ``sampled_only``: judge the sampled
+    metrics (tau, positions, speedup, errors) and skip greedy equality and the lossless battery."""
     if baseline["gamma"] != new["gamma"]:
         raise GateError(f"baseline block size {baseline['gamma']} != run block size {new['gamma']}")
     checks: list[Check] = []
     drafted = [d for name, d in baseline["drafters"].items() if name != "none"]
     n_tau = max(1, sum(1 + len(d["domains"]) for d in drafted))
     n_pos = max(1, sum(len(d["positions"]["examined"]) for d in drafted))
+    n_speed = max(1, sum(bool(d["speedup_repeats"]) for d in drafted))
     for name, b in baseline["drafters"].items():
         n = new["drafters"].get(name)
         if n is None:
-            checks.append(Check("present", name, None, None, "", "fail"))
+            checks.append(Check("present", name, None, None, "no record of this drafter in the runs", "fail"))
+            continue
+        checks.append(error_check(name, b.get("errors_per_run"), n.get("errors_per_run", [])))
+        if b["domains"] and not n["domains"]:
+            checks.append(Check("present", name, None, None, "no sampled (temperature > 0) ok record", "fail"))
             continue
         if name != "none":
             pooled_b = {k: v for pairs in b["domains"].values() for k, v in pairs.items()}
@@ -268,10 +334,21 @@ def compare(baseline: dict, new: dict, tol: Tolerances = Tolerances()) -> list[C
                 checks.append(tau_check(f"{name} / {domain}", pairs, n["domains"].get(domain, {}), tol, n_tau))
         checks += position_checks(name, b, n, tol, n_pos)
         if name != "none":
-            checks.append(speedup_check(name, b["speedup_repeats"], n["speedup_repeats"], tol))
-        g = greedy_check(name, b["greedy_equal"], n["greedy_equal"])
-        checks += [g] if g else []
-    return checks + lossless_checks(baseline["lossless"], new["lossless"])
+            checks.append(speedup_check(name, b["speedup_repeats"], n["speedup_repeats"], tol, n_speed))
+        if not sampled_only:
+            checks += _greedy_checks(name, b, n, new)
+    for name in sorted(set(new["drafters"]) - set(baseline["drafters"])):
+        checks.append(Check("present", name, None, None, "not in the baseline", "n/a: not judged"))
+    return checks + lossless_checks(baseline["lossless"], new["lossless"], sampled_only)
+
+
+def _greedy_checks(name: str, b: dict, n: dict, new: dict) -> list[Check]:
+    if b["greedy_equal"] is not None and n["greedy_equal"] is None:
+        why = ("the runs have no temperature-0 records (the baseline has)" if not new.get("has_greedy", True)
+               else "no temperature-0 record of this drafter beside none's")
+        return [Check("greedy == none", name, float(b["greedy_equal"]), None, why, "fail")]
+    g = greedy_check(name, b["greedy_equal"], n["greedy_equal"])
+    return [g] if g else []
 
 
 def load_baseline(folder: Path) -> dict:

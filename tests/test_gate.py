@@ -30,23 +30,32 @@ def _rounds(rng, mean_accept: float, n_rounds: int):
     return tuple((GAMMA, GAMMA, int(a), int(a) + 1) for a in acc)
 
 
-def _write_run(folder, seed, mean_accept, temperature=1.0, n_prompts=40, drafter="dspark", greedy_same=True):
+def _write_run(folder, seed, mean_accept, temperature=1.0, n_prompts=40, drafter="dspark", greedy_same=True,
+               errors=0, slow=1.1, repeats=1):
+    """A synthetic run of ``none`` and ``drafter``: ``errors`` of the drafter's requests failed; its decode takes
+    ``slow`` x none's time per round (times jitter by 5% per repeat and request)."""
     rng = np.random.default_rng(seed)
-    manifest = {"schema_version": 1, "args": {"block_size": GAMMA, "temperature": temperature}}
+    manifest = {"schema_version": 1, "args": {"block_size": GAMMA, "temperature": temperature, "seed": seed}}
     records = []
     with RunWriter(folder, manifest) as w:
-        for i in range(n_prompts):
-            difficulty = 1.0 + 0.5 * np.sin(i)  # prompts differ in how predictable they are
-            for name, mean in (("none", None), (drafter, mean_accept * difficulty)):
-                rounds = ((0, 0, 0, 1),) * 60 if mean is None else _rounds(rng, min(mean, 6.5), 20)
-                out = tuple(range(1 + sum(r[3] for r in rounds)))
-                if name != "none" and temperature == 0 and not greedy_same and i == 3:
-                    out = out[:-1] + (99999,)
-                rec = RequestRecord(name, "fixed", "ds", "math", f"p{i}", i, 0, seed + i, 1, "ok", "length", 5, out,
-                                    rounds, tuple((0.01, 0.04, 0.0, 0.0) for _ in rounds), 0.1,
-                                    0.04 * len(rounds) * (1 if mean is None else 1.1))
-                w.add(rec)
-                records.append(rec)
+        for repeat in range(repeats):
+            for i in range(n_prompts):
+                difficulty = 1.0 + 0.5 * np.sin(i)  # prompts differ in how predictable they are
+                for name, mean in (("none", None), (drafter, mean_accept * difficulty)):
+                    failed = name == drafter and i < errors
+                    rounds = () if failed else ((0, 0, 0, 1),) * 60 if mean is None else \
+                        _rounds(rng, min(mean, 6.5), 20)
+                    out = tuple(range(1 + sum(r[3] for r in rounds)))
+                    if name != "none" and temperature == 0 and not greedy_same and i == 3:
+                        out = out[:-1] + (99999,)
+                    jitter = 1 + 0.05 * rng.standard_normal()
+                    rec = RequestRecord(name, "fixed", "ds", "math", f"p{i}", i, repeat, seed + i, 1,
+                                        "error" if failed else "ok", "error" if failed else "length", 5, out, rounds,
+                                        tuple((0.01, 0.04, 0.0, 0.0) for _ in rounds), 0.1,
+                                        0.04 * max(len(rounds), 1) * (1 if mean is None else slow) * jitter,
+                                        error="boom" if failed else None)
+                    w.add(rec)
+                    records.append(rec)
     write_json(folder / "summary.json", summarize(records, GAMMA))
     return folder
 
@@ -171,3 +180,78 @@ def test_rarely_reached_position_is_reported_not_judged():
     none_now = {"position_prompts": {f"p{i}": [[1, 1], [1, 0]] for i in range(13)}}
     check = {c.metric: c for c in position_checks("d", few, none_now, Tolerances())}["accept@2"]
     assert check.verdict.startswith("n/a: 13 rounds reached it < 100") and not check.failed
+
+
+def _failed(checks):
+    return sorted({(c.metric, c.scope) for c in checks if c.failed})
+
+
+def test_a_drafter_whose_requests_error_fails_even_where_too_few_prompts_are_left(tmp_path):
+    baseline = snapshot([_write_run(tmp_path / "b", 1, 3.0)])
+    broken = compare(baseline, snapshot([_write_run(tmp_path / "n", 2, 3.0, errors=33)]))  # 7 of 40 left
+    assert ("errors", "dspark") in _failed(broken)
+    tau = [c for c in broken if c.metric == "tau"]
+    assert tau and all(c.verdict.startswith("n/a") for c in tau)  # the ok records alone could not tell
+    assert not _failed(compare(baseline, snapshot([_write_run(tmp_path / "s", 3, 3.0)])))
+    old = dict(baseline, drafters={k: {f: v for f, v in d.items() if f != "errors_per_run"}
+                                   for k, d in baseline["drafters"].items()})
+    check = next(c for c in compare(old, snapshot([_write_run(tmp_path / "one", 4, 3.0, errors=1)]))
+                 if c.metric == "errors" and c.scope == "dspark")
+    assert check.failed and "taken as 0" in check.interval
+
+
+def test_a_drafter_missing_from_the_runs_fails(tmp_path):
+    base = snapshot([_write_run(tmp_path / "b1", 1, 3.0), _write_run(tmp_path / "b0", 1, 3.0, temperature=0.0)])
+    only_greedy = snapshot([_write_run(tmp_path / "o1", 2, 3.0, drafter="eagle3"),
+                            _write_run(tmp_path / "o0", 2, 3.0, temperature=0.0)])
+    assert ("present", "dspark") in _failed(compare(base, only_greedy))  # no sampled dspark record
+    no_greedy = snapshot([_write_run(tmp_path / "n1", 3, 3.0)])
+    failed = [c for c in compare(base, no_greedy) if c.failed]
+    assert [(c.metric, c.scope) for c in failed] == [("greedy == none", "dspark")]
+    assert "no temperature-0 records" in failed[0].interval
+    assert not _failed(compare(base, no_greedy, sampled_only=True))
+    other = snapshot([_write_run(tmp_path / "e1", 4, 3.0, drafter="eagle3"),
+                      _write_run(tmp_path / "e0", 4, 3.0, temperature=0.0, drafter="eagle3")])
+    checks = compare(base, other)
+    assert ("present", "dspark") in _failed(checks)
+    assert any(c.metric == "present" and c.scope == "eagle3" and c.verdict == "n/a: not judged" for c in checks)
+
+
+def test_a_missing_lossless_json_fails(tmp_path):
+    base_run = _write_run(tmp_path / "b", 1, 3.0)
+    (base_run / "lossless.json").write_text(json.dumps({"rows": [
+        {"test": "ks", "configuration": "dspark", "n": 5000, "p_value": 0.4, "verdict": "pass", "is_control": False,
+         "expected": "pass"}]}))
+    baseline = snapshot([base_run])
+    new = snapshot([_write_run(tmp_path / "n", 2, 3.0)])
+    failed = [c for c in compare(baseline, new) if c.failed]
+    assert [(c.metric, c.scope) for c in failed] == [("lossless", "battery")] and "lossless.json" in failed[0].interval
+    assert not _failed(compare(baseline, new, sampled_only=True))
+
+
+def test_a_baseline_pools_its_seeds_per_prompt(tmp_path):
+    runs = [_write_run(tmp_path / f"b{s}", s, 3.0) for s in (1, 2, 3)]
+    one, pooled = snapshot(runs[:1]), snapshot(runs)
+    assert pooled["sampled_seeds"] == [1, 2, 3]
+    p0 = [snapshot([r])["drafters"]["dspark"]["domains"]["math"]["ds/p0"] for r in runs]
+    assert pooled["drafters"]["dspark"]["domains"]["math"]["ds/p0"] == [sum(x[0] for x in p0), sum(x[1] for x in p0)]
+    assert len(pooled["drafters"]["dspark"]["domains"]["math"]) == 40  # still one entry per prompt (paired)
+    assert pooled["drafters"]["dspark"]["positions"]["examined"][0] == 3 * 40 * 20
+    assert len(pooled["drafters"]["dspark"]["speedup_repeats"]) == 3
+    assert len(one["drafters"]["dspark"]["speedup_repeats"]) == 1
+
+
+def test_speedup_is_judged_from_repeats_with_an_interval(tmp_path):
+    baseline = snapshot([_write_run(tmp_path / f"b{s}", s, 3.0, repeats=2) for s in (1, 2, 3)])  # 6 repeats
+    same = compare(baseline, snapshot([_write_run(tmp_path / "s", 9, 3.0, repeats=3)]))
+    speed = next(c for c in same if c.metric == "speedup vs none")
+    assert speed.verdict == "pass" and "(3 vs 6 repeats)" in speed.interval
+    slower = compare(baseline, snapshot([_write_run(tmp_path / "w", 10, 3.0, repeats=3, slow=1.1 * 1.4)]))
+    speed = next(c for c in slower if c.metric == "speedup vs none")
+    assert speed.failed, speed  # 29% slower: below the 20% tolerance, and resolved by the interval
+    hi = float(speed.interval.split("[")[1].split(",")[1].split("]")[0])
+    assert hi < 1
+    slight = compare(baseline, snapshot([_write_run(tmp_path / "x", 11, 3.0, repeats=3, slow=1.1 * 1.1)]))
+    assert not next(c for c in slight if c.metric == "speedup vs none").failed  # 9% slower: within tolerance
+    single = compare(snapshot([_write_run(tmp_path / "b", 1, 3.0)]), snapshot([_write_run(tmp_path / "y", 12, 3.0)]))
+    assert "no interval" in next(c for c in single if c.metric == "speedup vs none").interval
