@@ -282,3 +282,16 @@ def test_training_over_the_list_lowers_the_loss_and_resumes_exactly(name, target
 
     a, b = load_file(str(final / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert a.keys() == b.keys() and vocab.STATE_KEY in a and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_complete_rows_reads_a_folder_being_generated_without_writing(tmp_path):
+    row = {"id": "a", "domain": "chat", "prompt": "p", "prompt_ids": [5, 6], "response_ids": list(range(10, 30)),
+           "finish_reason": "stop", "stop_id": TINY_EOS, "shard": 0}
+    (tmp_path / data.MANIFEST).write_text(json.dumps({"format": data.FORMAT, "spec": {"n": 5, "shard_size": 2}}))
+    rows = [dict(row, id=f"r{i}", shard=s) for i, s in enumerate((0, 0, 1, 2))]  # shard 1 lacks a row; 2 is the last
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"id": "torn'
+    (tmp_path / data.RESPONSES).write_text(text)
+    assert [r["id"] for r in data.complete_rows(tmp_path)] == ["r0", "r1", "r3"]  # shard 2 holds 1 of n=5's rows
+    seqs, n = data.complete_sequences(tmp_path)
+    assert n == 3 and [s.input_ids[s.loss_start:] for s in seqs] == [(*range(10, 30), TINY_EOS)] * 3
+    assert (tmp_path / data.RESPONSES).read_text() == text
