@@ -57,14 +57,11 @@ class VocabError(ValueError):
 # ---- building the list -----------------------------------------------------------------------------------------
 def token_counts(sequences: Iterable[Sequence[int]], vocab_size: int) -> torch.Tensor:
     """How often each token id occurs in ``sequences``: LongTensor [V]."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for seq in sequences:
-        if len(seq):
-            ids = torch.as_tensor(seq, dtype=torch.long)
-            if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-                raise VocabError(f"token ids must lie in 0..{vocab_size - 1}, got {int(ids.min())}..{int(ids.max())}")
-            counts += torch.bincount(ids, minlength=vocab_size)
-    return counts
+    parts = [torch.as_tensor(seq, dtype=torch.long) for seq in sequences]
+    ids = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise VocabError(f"token ids must lie in 0..{vocab_size - 1}, got {int(ids.min())}..{int(ids.max())}")
+    return torch.bincount(ids, minlength=vocab_size)
 
 
 def build_vocab(counts: torch.Tensor, size: int, always: Iterable[int] = ()) -> torch.Tensor:
