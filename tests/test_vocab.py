@@ -295,3 +295,25 @@ def test_complete_rows_reads_a_folder_being_generated_without_writing(tmp_path):
     seqs, n = data.complete_sequences(tmp_path)
     assert n == 3 and [s.input_ids[s.loss_start:] for s in seqs] == [(*range(10, 30), TINY_EOS)] * 3
     assert (tmp_path / data.RESPONSES).read_text() == text
+
+
+def test_compare_script_reads_two_runs(tmp_path, capsys):
+    """scripts/draft_vocab_compare.py on a committed run against itself: the summary's tau, no change."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("draft_vocab_compare", root / "scripts" / "draft_vocab_compare.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = root / "baselines" / "offline-smollm2" / "full-a"
+    summary = json.loads((run / "summary.json").read_text())
+    want = next(g for g in summary["groups"] if g["drafter"] == "dspark" and g["scope"] == "all")
+    assert script.main([str(run), str(run), "--drafter", "dspark", "--json", str(tmp_path / "c.json")]) == 0
+    out = json.loads((tmp_path / "c.json").read_text())
+    assert out["full"]["tau"] == pytest.approx(want["tau"]) and out["delta"]["tau"] == 0
+    assert out["full"]["first_position_acceptance"] == pytest.approx(want["positions"]["conditional"][0])
+    assert out["delta"]["drafting_cost_ratio"] == pytest.approx(1.0) and out["full"]["draft_s_per_round"] > 0
+    assert "| tau |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no records"):
+        script.main([str(run), str(run), "--drafter", "eagle3"])
