@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_bench.drafters import vocab
 from dspark_bench.drafters.blockloss import BlockTargets, block_targets, sample_anchors
 
 if TYPE_CHECKING:
@@ -241,6 +242,7 @@ class BlockDraftModel(nn.Module):
         self.norm = RMSNorm(d, arch.rms_norm_eps)
         if arch.mask_token_id is None:
             self.mask_embedding = nn.Parameter(torch.zeros(d))
+        vocab.install(self)  # draft_vocab buffer: None = the full head (see vocab.py)
 
     @classmethod
     def create(cls, arch: Arch, target: Target, state: dict[str, torch.Tensor] | None = None, seed: int = 0):
@@ -251,6 +253,7 @@ class BlockDraftModel(nn.Module):
         if state is None:
             model.reset_parameters(seed)
         else:
+            model.set_draft_vocab(state.get(vocab.STATE_KEY))  # a checkpoint's list sizes the buffer
             try:
                 missing, unexpected = model.load_state_dict(state, strict=False)
             except RuntimeError as exc:  # shape mismatches
@@ -307,9 +310,17 @@ class BlockDraftModel(nn.Module):
             x = layer(x, cos, sin, k, v, mask)
         return self.norm(x)
 
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Draft over the token ids [N] only (None: the full vocabulary); see ``vocab.py``."""
+        vocab.set_ids(self, ids)
+
+    @property
+    def draft_head(self) -> vocab.DraftHead:
+        return vocab.head(self)
+
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """U = the target's frozen LM head on h [..., d], in float32 [..., V]."""
-        return self.target.lm_head(h.to(self.target.dtype)).float()
+        """U = the target's frozen LM head on h [..., d], in float32 [..., V]; -inf outside the draft vocabulary."""
+        return self.draft_head.logits(h)
 
     def train_hidden(self, layers, input_ids, attention, anchors) -> torch.Tensor:
         """Training forward: h [B, N, G, d] for N anchors [B, N] per sequence, G = arch.block_size.
@@ -334,17 +345,23 @@ class BlockDraftModel(nn.Module):
         with torch.no_grad():
             idx = t.prev_index.flatten(1).unsqueeze(-1).expand(-1, -1, batch.final.shape[-1])
             z = batch.final.gather(1, idx).view(*t.prev_index.shape, -1)  # [B, N, G, d] = z_{p+k-1}
-            pi = torch.softmax(self.target.lm_head(z.to(self.target.dtype)).float(), dim=-1)
-        return TrainView(h, t, pi)
+            pi = self.draft_head.target_law(z)  # restricted to the draft vocabulary and renormalised
+        labels, inside = self.draft_head.labels(t.labels)
+        return TrainView(h, t, pi, labels, inside)
 
 
 @dataclass(frozen=True)
 class TrainView:
-    """One training forward: h [B, N, G, d] block outputs, the teacher-forcing targets, pi [B, N, G, V]."""
+    """One training forward: h [B, N, G, d] block outputs, the teacher-forcing targets, and in the draft head's
+    space (N' = draft vocabulary size, V for the full head): pi [B, N, G, N'] the target law restricted to the
+    draft vocabulary and renormalised, labels [B, N, G] the labels' indices there and in_vocab [B, N, G] bool
+    (False: the label cannot be drafted; hard-label losses drop that slot)."""
 
     h: torch.Tensor
     targets: BlockTargets
     pi: torch.Tensor
+    labels: torch.Tensor
+    in_vocab: torch.Tensor
 
 
 def training_mask(anchors: torch.Tensor, attention: torch.Tensor, size: int) -> torch.Tensor:

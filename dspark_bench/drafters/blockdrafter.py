@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dspark_bench.drafters import checkpoint, deepseek
+from dspark_bench.drafters import checkpoint, deepseek, vocab
 from dspark_bench.drafters.base import DraftContext, Drafter, Proposal, Slot
 from dspark_bench.drafters.blockdraft import (
     Arch,
@@ -57,6 +57,7 @@ class BlockConfig:
     block_size: int = 7  # G in training; inference proposes the engine's block size
     seed: int = 0  # seed of the random initialisation
     perturb: float = 0.0  # degraded-drafter control: add N(0, (perturb * std of each weight tensor)^2), seeded
+    draft_vocab: str | None = None  # None: the checkpoint's list (full head without one); "full"; a `data vocab` file
 
 
 def perturb_weights(model: torch.nn.Module, scale: float, seed: int) -> None:
@@ -115,6 +116,7 @@ class BlockDrafter(Drafter):
     def __init__(self, config: BlockConfig, target: Target):
         super().__init__(config, target)
         self.model = load_model(type(self).Model, self.name, config, target, self.arch_fields(config, target))
+        vocab.choose(self.model, config.draft_vocab)
         if config.perturb:
             perturb_weights(self.model, config.perturb, config.seed)
 

@@ -35,8 +35,9 @@ class DFlashModel(BlockDraftModel):
         """Weighted CE over ``num_anchors`` random anchors per sequence; acceptance from ||q - pi||_1."""
         view = self.train_view(batch, generator, num_anchors)
         t = view.targets
-        logits = self.base_logits(view.h)
-        loss = weighted_mean(cross_entropy(logits, t.labels), position_weights(t.validity, decay_gamma))
+        logits = self.draft_head.sub_logits(view.h)  # over the draft vocabulary (vocab.py: labels outside dropped)
+        weights = position_weights(t.validity, decay_gamma)
+        loss = weighted_mean(cross_entropy(logits, view.labels), weights * view.in_vocab)
         with torch.no_grad():
             alpha = analytic_acceptance(tv_l1(torch.softmax(logits, dim=-1), view.pi))
         return LossOutput(loss, {"loss": float(loss.detach()), "ce": float(loss.detach())}, acceptance_by_position(alpha, t.validity))

@@ -34,6 +34,7 @@ from dspark_bench.drafters.blockloss import (
     weighted_mean,
 )
 from dspark_bench.drafters.registry import DrafterError, register
+from dspark_bench.drafters.vocab import RowLinear
 from dspark_bench.train.types import LossOutput
 from dspark_bench.verify import sample, to_probs
 
@@ -45,13 +46,15 @@ ALPHA_CE, ALPHA_L1, ALPHA_CONF = 0.1, 0.9, 1.0  # the paper's and the released c
 
 
 def dspark_loss_terms(logits: torch.Tensor, labels: torch.Tensor, pi: torch.Tensor, conf_logit: torch.Tensor | None,
-                      weights: torch.Tensor) -> dict[str, torch.Tensor]:
+                      weights: torch.Tensor, ce_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Weighted-mean CE, L1 and confidence BCE for Markov-corrected logits [..., V], labels [...], target laws
-    pi [..., V], confidence logits [...] (None: no head) and weights [...]; also ``alpha`` [...] (alpha*)."""
+    pi [..., V], confidence logits [...] (None: no head) and weights [...]; also ``alpha`` [...] (alpha*).
+    ``ce_weights`` [...]: the CE's own weights (default ``weights``; 0 where a label cannot be drafted)."""
     ce = cross_entropy(logits, labels)
     l1 = tv_l1(torch.softmax(logits.float(), dim=-1), pi)
     alpha = analytic_acceptance(l1)
-    terms = {"ce": weighted_mean(ce, weights), "l1": weighted_mean(l1, weights), "alpha": alpha}
+    ce_w = weights if ce_weights is None else ce_weights
+    terms = {"ce": weighted_mean(ce, ce_w), "l1": weighted_mean(l1, weights), "alpha": alpha}
     if conf_logit is not None:
         bce = F.binary_cross_entropy_with_logits(conf_logit.float(), alpha, reduction="none")
         terms["conf"] = weighted_mean(bce, weights)
@@ -69,14 +72,15 @@ class MarkovHead(nn.Module):
         super().__init__()
         self.kind = kind
         self.markov_w1 = nn.Embedding(vocab, rank)
-        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+        self.markov_w2 = RowLinear(rank, vocab, bias=False)  # over the draft vocabulary's rows (vocab.py)
         if kind == "gated":
             self.gate_proj = nn.Linear(hidden + rank, rank)
         elif kind == "rnn":
             self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
 
-    def step(self, h: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None):
-        """Bias [..., V] (fp32) for slot outputs h [..., d] and previous tokens prev [...]; state [..., r] (rnn)."""
+    def step(self, h: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None, compact: bool = False):
+        """Bias [..., V] (fp32; 0 outside the draft vocabulary, or [..., N] over it with ``compact``) for slot
+        outputs h [..., d] and previous tokens prev [...]; state [..., r] (rnn)."""
         e = self.markov_w1(prev)
         if self.kind == "gated":
             e = torch.sigmoid(self.gate_proj(torch.cat([h, e], dim=-1))) * e
@@ -85,15 +89,16 @@ class MarkovHead(nn.Module):
             gate, cand, out = self.joint_proj(torch.cat([s, e, h], dim=-1)).chunk(3, dim=-1)
             state = torch.sigmoid(gate) * s + (1 - torch.sigmoid(gate)) * torch.tanh(cand)
             e = torch.tanh(out)
-        return self.markov_w2(e).float(), state
+        return self.markov_w2(e, compact).float(), state
 
-    def teacher_forced(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """Bias [..., G, V] for h [..., G, d] and ground-truth previous tokens prev [..., G]."""
+    def teacher_forced(self, h: torch.Tensor, prev: torch.Tensor, compact: bool = False) -> torch.Tensor:
+        """Bias [..., G, V] ([..., G, N] with ``compact``) for h [..., G, d] and ground-truth previous tokens
+        prev [..., G]."""
         if self.kind != "rnn":
-            return self.step(h, prev, None)[0]
+            return self.step(h, prev, None, compact)[0]
         state, out = None, []
         for k in range(prev.shape[-1]):  # the recurrence is unrolled over the block
-            bias, state = self.step(h[..., k, :], prev[..., k], state)
+            bias, state = self.step(h[..., k, :], prev[..., k], state, compact)
             out.append(bias)
         return torch.stack(out, dim=-2)
 
@@ -152,9 +157,11 @@ class DSparkModel(BlockDraftModel):
         """Teacher-forced DSpark loss over ``num_anchors`` random anchors per sequence (reference 1.6)."""
         view = self.train_view(batch, generator, num_anchors)
         t = view.targets
-        logits = self.base_logits(view.h) + self.markov_head.teacher_forced(view.h, t.prev)
+        # over the draft vocabulary (vocab.py: pi restricted and renormalised, CE drops labels outside it)
+        logits = self.draft_head.sub_logits(view.h) + self.markov_head.teacher_forced(view.h, t.prev, compact=True)
         weights = position_weights(t.validity, decay_gamma)
-        terms = dspark_loss_terms(logits, t.labels, view.pi, self.confidence_logit(view.h, t.prev), weights)
+        terms = dspark_loss_terms(logits, view.labels, view.pi, self.confidence_logit(view.h, t.prev), weights,
+                                  weights * view.in_vocab)
         alpha = terms.pop("alpha")
         loss = dspark_total(terms)
         logged = {"loss": float(loss.detach()), **{k: float(v.detach()) for k, v in terms.items()}}

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from dspark_bench.drafters import checkpoint
+from dspark_bench.drafters import checkpoint, vocab
 from dspark_bench.drafters.base import DraftContext, Drafter, Proposal
 from dspark_bench.drafters.layers import (
     KV,
@@ -102,6 +102,15 @@ class ChainModel(nn.Module):
         self.spec = spec
         self.target = target  # a plain attribute: the target's weights are not part of this module
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        vocab.install(self)  # draft_vocab buffer: None = the full head (see vocab.py)
+
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Draft over the token ids [N] only (None: the full vocabulary); see ``vocab.py``."""
+        vocab.set_ids(self, ids)
+
+    @property
+    def draft_head(self) -> vocab.DraftHead:
+        return vocab.head(self)
 
     def context(self, layers: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
         """First-step hidden from target features (layers: [..., n_taps, d], final: [..., d]) -> [..., d]."""
@@ -110,13 +119,15 @@ class ChainModel(nn.Module):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, L] -> [B, L, d]
         return self.target.model.get_input_embeddings()(tokens).to(self.norm.weight.dtype)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., V] float32
-        return self.target.lm_head(self.norm(hidden).to(self.target.dtype)).float()
+    def logits(self, hidden: torch.Tensor, compact: bool = False) -> torch.Tensor:
+        """[..., d] -> [..., V] float32, -inf outside the draft vocabulary ([..., N] over it with ``compact``)."""
+        head = self.draft_head
+        return head.sub_logits(self.norm(hidden)) if compact else head.logits(self.norm(hidden))
 
-    def target_probs(self, final: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., V]
-        """pi = softmax(W_out final) in fp32, without gradient (the distillation target)."""
-        with torch.no_grad():
-            return torch.softmax(self.target.lm_head(final.to(self.target.dtype)).float(), dim=-1)
+    def target_probs(self, final: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., N]
+        """pi = softmax(W_out final) in fp32, without gradient (the distillation target), over the draft
+        vocabulary and renormalised there (all V tokens for the full head)."""
+        return self.draft_head.target_law(final)
 
     def arch(self) -> dict[str, Any]:
         return {"layer": asdict(self.spec)}
@@ -141,7 +152,9 @@ class ChainModel(nn.Module):
             model = cls.from_arch(meta["config"], target)
         except (KeyError, TypeError) as exc:
             raise checkpoint.CheckpointError(f"{folder}: bad architecture in config.json ({exc})") from None
-        model.to(next(iter(state.values())).dtype).load_state_dict(state)
+        model.to(next(v.dtype for v in state.values() if v.is_floating_point()))
+        model.set_draft_vocab(state.get(vocab.STATE_KEY))  # a checkpoint's list sizes the buffer
+        model.load_state_dict(state)
         return model
 
 
@@ -231,7 +244,7 @@ class Eagle3Model(ChainModel):
 
         total, terms, accept = batch.final.new_zeros((), dtype=torch.float32), {}, []
         for k, hidden in enumerate(self.ttt_hiddens(batch, ttt_length)):
-            logits = self.logits(at(hidden, 0))
+            logits = self.logits(at(hidden, 0), compact=True)  # over the draft vocabulary, like the target law
             target = self.target_probs(at(batch.final, 1 + k))
             valid = (keep & (where + 2 + k < n) & at(batch.loss_mask.bool(), 2 + k)).float()
             ce = soft_cross_entropy(logits, target)  # [B, N]
@@ -371,6 +384,7 @@ class Eagle3Drafter(ChainDrafter):
         taps: tuple[int, ...] | str | None = None  # random init only; None: default_taps; "1,9,17,25,33" ok
         intermediate_size: int | None = None  # random init only; None: the target's
         seed: int = 0  # random init only
+        draft_vocab: str | None = None  # None: the checkpoint's list (full head without one); "full"; a `data vocab` file
 
     def __init__(self, config: Config, target: Target):
         super().__init__(config, target)
@@ -389,6 +403,7 @@ class Eagle3Drafter(ChainDrafter):
             taps = tuple(taps) if taps is not None else default_taps(target.num_layers)
             model = fresh(Eagle3Model(spec, taps, target), config.seed, self.name)
         check_taps(model.taps, target.num_layers)
+        vocab.choose(model, config.draft_vocab)
         self.model = model.to(device=target.device, dtype=target.dtype).eval()
 
     @property

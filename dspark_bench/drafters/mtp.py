@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dspark_bench.drafters import vocab
 from dspark_bench.drafters.base import DraftContext
 from dspark_bench.drafters.eagle3 import (
     ChainDrafter,
@@ -80,12 +81,15 @@ class MTPModel(ChainModel):
         positions = torch.arange(n, device=batch.input_ids.device).expand(b, n)
         hidden = self.context(batch.layers, batch.final)
         out, _ = self(hidden, shift_left(batch.input_ids, 1), positions, None, ttt_mask(batch.attention, 0))
-        logits, pi = self.logits(out), shift_left(self.target_probs(batch.final), 1)  # [B, n, V] each
+        # over the draft vocabulary (vocab.py): pi restricted and renormalised, hard labels outside it dropped
+        logits, pi = self.logits(out, compact=True), shift_left(self.target_probs(batch.final), 1)  # [B, n, N] each
         valid = shift_left(batch.loss_mask, 2).float()
+        labels, inside = self.draft_head.labels(shift_left(batch.input_ids, 2))
         if soft:
             ce = soft_cross_entropy(logits, pi)
         else:
-            ce = F.cross_entropy(logits.transpose(1, 2), shift_left(batch.input_ids, 2), reduction="none")
+            ce = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+            valid = valid * inside
         loss = masked_mean(ce, valid)
         accept = masked_mean(tv_acceptance(torch.softmax(logits.detach(), -1), pi), valid)
         return LossOutput(loss, {"loss": float(loss.detach()), "ce0": float(loss.detach())}, accept.reshape(1))
@@ -99,6 +103,7 @@ class MTPDrafter(ChainDrafter):
         depth: int = 1  # draft tokens per round (MTP-k chains the module k times)
         intermediate_size: int | None = None  # random init only; None: the target's
         seed: int = 0  # random init only
+        draft_vocab: str | None = None  # None: the checkpoint's list (full head without one); "full"; a `data vocab` file
 
     def __init__(self, config: Config, target: Target):
         if config.depth < 1:
@@ -110,6 +115,7 @@ class MTPDrafter(ChainDrafter):
         else:
             spec = LayerSpec.from_target(target, config.intermediate_size)
             model = fresh(MTPModel(spec, target), config.seed, self.name)
+        vocab.choose(model, config.draft_vocab)
         self.model = model.to(device=target.device, dtype=target.dtype).eval()
 
     def max_steps(self, ctx: DraftContext) -> int:

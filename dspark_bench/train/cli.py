@@ -134,6 +134,37 @@ def generate(target, n, seed, out, batch_size, shard_size, max_new_tokens, tempe
                  f"{stats['seconds']:.1f} s ({rate:.1f} tok/s)")
 
 
+@data.command()
+@click.option("--data", "data_dir", required=True, help="Data folder from `data generate` (read only; a folder still "
+              "being generated is read up to its last complete shard).")
+@click.option("--size", default=8192, show_default=True, type=int, help="N, the draft vocabulary size.")
+@click.option("--out", default=None, help="Write the list here (JSON), for --drafter-opt NAME.draft_vocab=FILE.")
+@click.option("--coverage", "sizes", default="4096,8192,16384,32768", show_default=True,
+              help="Also report the share of response tokens covered by the top N for these N.")
+@click.option("--max-length", default=2048, show_default=True, type=int)
+@click.option("--target", default=None, help="Default: the target that generated the data.")
+@_friendly
+def vocab(data_dir, size, out, sizes, max_length, target):
+    """Build the reduced draft vocabulary (the N most frequent response tokens) and report coverage."""
+    from dspark_bench.drafters import vocab as dv
+    from dspark_bench.train.data import complete_sequences
+
+    seqs, rows = complete_sequences(data_dir, max_length)
+    tgt = _load_target(target or _data_target(data_dir), "bf16", _device("cpu"))
+    counts = dv.token_counts(dv.response_tokens(seqs), tgt.vocab_size)
+    special = dv.special_ids(tgt)
+    stdout.print(f"{len(seqs)} sequences from {rows} rows of complete shards, {int(counts.sum())} response tokens, "
+                 f"{int((counts > 0).sum())} distinct; {len(special)} always-kept special ids")
+    for n in sorted({int(s) for s in sizes.split(",") if s.strip()} | {size}):
+        if len(special) <= n <= tgt.vocab_size:
+            stdout.print(f"  top {n:>6}: covers {dv.coverage(counts, dv.build_vocab(counts, n, special)):.4%}")
+    if out:
+        ids = dv.build_vocab(counts, size, special)
+        info = {"data": str(data_dir), "data_manifest_sha256": _manifest_hash(data_dir), "rows": rows,
+                "sequences": len(seqs), "target": tgt.name, "coverage": dv.coverage(counts, ids)}
+        stdout.print(f"draft vocabulary of {size} ids written to [bold]{dv.write_vocab(out, ids, info)}[/]")
+
+
 def _taps_option(value: str | None) -> tuple[int, ...] | None:
     if not value:
         return None
@@ -220,6 +251,9 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
               help="dspark: Markov head variant (rnn: Figure 4's RNN head).")
 @click.option("--ttt-length", default=7, show_default=True, type=int, help="eagle3: training-time-test steps.")
 @click.option("--taps", default=None, help="Target layers, e.g. 1,8,15,21,28. Default: evenly spaced.")
+@click.option("--draft-vocab", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Draft over the N most frequent response tokens of the data (EOS and special tokens "
+                   "always in); the list ships with the checkpoint. 0: the full vocabulary.")
 @click.option("--seed", default=42, show_default=True, type=int)
 @click.option("--save-every", default=500, show_default=True, type=int)
 @click.option("--max-length", default=2048, show_default=True, type=int)
@@ -230,8 +264,8 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
 @_THREADS
 @_friendly
 def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, lr, warmup, num_anchors, block_size,
-          decay_gamma, num_layers, markov_rank, markov_head, ttt_length, taps, seed, save_every, max_length, target, resume,
-          device, dtype, threads):
+          decay_gamma, num_layers, markov_rank, markov_head, ttt_length, taps, draft_vocab, seed, save_every, max_length,
+          target, resume, device, dtype, threads):
     """Train a drafter on target-regenerated data (AdamW, warm-up + cosine, exact resume)."""
     from dspark_bench.train.data import load_sequences
     from dspark_bench.train.methods import MethodOptions
@@ -241,7 +275,7 @@ def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, l
 
     m, dev = get_method(method), _device(device, threads)
     options = MethodOptions(num_layers, markov_rank, block_size, num_anchors, decay_gamma, ttt_length, seed,
-                            _taps_option(taps), markov_head)
+                            _taps_option(taps), markov_head, draft_vocab)
     seqs = load_sequences(data_dir, max_length)
     tgt = _load_target(target or _data_target(data_dir), _dtype(dtype, dev), dev)
     source, where = _feature_source(feature_mode, tgt, data_dir, m.taps(tgt, options), max_length)

@@ -268,3 +268,26 @@ def load_sequences(folder: str | Path, max_length: int = 2048,
     if not kept:
         raise DataError(f"{folder}: no sequence has >= {min_loss_tokens} response tokens ({len(seqs)} rows)")
     return kept
+
+
+def complete_rows(folder: str | Path) -> list[dict]:
+    """The rows of the complete shards of ``folder``, read only: safe on a folder whose generation is still
+    running (a torn last line and the rows of a shard still being written are left out)."""
+    spec = read_manifest(folder)["spec"]
+    n, size = int(spec["n"]), int(spec["shard_size"])
+    text = (Path(folder) / RESPONSES).read_text()
+    lines = text.split("\n")[:-1]  # the last piece is "" or a torn line
+    rows = [json.loads(line) for line in lines if line.strip()]
+    counts: dict[int, int] = {}
+    for r in rows:
+        counts[r["shard"]] = counts.get(r["shard"], 0) + 1
+    done = {i for i, c in counts.items() if c == min(size, n - i * size)}
+    return [r for r in rows if r["shard"] in done]
+
+
+def complete_sequences(folder: str | Path, max_length: int = 2048,
+                       min_loss_tokens: int = MIN_LOSS_TOKENS) -> tuple[list[TrainSequence], int]:
+    """:func:`load_sequences` over :func:`complete_rows`: (kept sequences, rows read)."""
+    rows = complete_rows(folder)
+    seqs = [training_sequence(r, max_length) for r in rows]
+    return [s for s in seqs if s.loss_tokens >= min_loss_tokens], len(rows)

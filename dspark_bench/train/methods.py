@@ -47,12 +47,13 @@ class MethodOptions:
     seed: int = 0
     taps: tuple[int, ...] | None = None  # None: blockdraft.default_taps (the same for every method)
     markov_head: str = "vanilla"  # dspark: vanilla (the paper's Markov head) | gated | rnn (Figure 4's RNN head)
+    draft_vocab: int = 0  # every method: draft over the N most frequent response tokens (drafters/vocab.py); 0: all
 
     def __post_init__(self) -> None:
         small = [k for k in ("num_layers", "markov_rank", "block_size", "num_anchors", "ttt_length")
-                 if getattr(self, k) < 1]
+                 if getattr(self, k) < 1] + (["draft_vocab"] if self.draft_vocab < 0 else [])
         if small or not self.decay_gamma > 0:
-            raise ValueError(f"method options {small or ['decay_gamma']} must be positive")
+            raise ValueError(f"method options {small or ['decay_gamma']} must be positive (draft_vocab: >= 0)")
         from dspark_bench.drafters.blockdraft import MARKOV_HEAD_TYPES
 
         if self.markov_head not in MARKOV_HEAD_TYPES:
@@ -137,15 +138,15 @@ def _save_chain(module: nn.Module, folder: Path) -> Path:
     return module.save(folder)
 
 
-_BLOCK = ("num_layers", "block_size", "num_anchors", "decay_gamma", "seed", "taps")
+_BLOCK = ("num_layers", "block_size", "num_anchors", "decay_gamma", "seed", "taps", "draft_vocab")
 METHODS: MappingProxyType[str, Method] = MappingProxyType({
     "dspark": Method("dspark", (*_BLOCK, "markov_rank", "markov_head"), _block_builder("dspark_bench.drafters.dspark", "DSparkModel", True),
                      _taps, _block_loss, _save_block("dspark")),
     "dflash": Method("dflash", _BLOCK, _block_builder("dspark_bench.drafters.dflash", "DFlashModel", False),
                      _taps, _block_loss, _save_block("dflash")),
-    "eagle3": Method("eagle3", ("ttt_length", "num_anchors", "seed", "taps"), _build_eagle3, _taps,
+    "eagle3": Method("eagle3", ("ttt_length", "num_anchors", "seed", "taps", "draft_vocab"), _build_eagle3, _taps,
                      lambda o: {"ttt_length": o.ttt_length, "num_anchors": o.num_anchors}, _save_chain),
-    "mtp": Method("mtp", ("seed",), _build_mtp, lambda t, o: (), lambda o: {}, _save_chain),  # reads only final
+    "mtp": Method("mtp", ("seed", "draft_vocab"), _build_mtp, lambda t, o: (), lambda o: {}, _save_chain),  # reads only final
 })
 
 

@@ -127,6 +127,10 @@ class Trainer:
         self.sequences, self.features, self.out = list(sequences), features, Path(out)
         self.device = target.device
         self.module = method.build(target, config.options)
+        if config.options.draft_vocab:  # the list is a pure function of the sequences, N and the target
+            from dspark_bench.drafters.vocab import vocab_for
+
+            self.module.set_draft_vocab(vocab_for(target, self.sequences, config.options.draft_vocab))
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         warm = config.warmup_steps
