@@ -47,10 +47,24 @@ def main(verbose: bool) -> None:
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
 @click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")
 @click.option("--cache-dir", default=None, help="Where the embedded target's safetensors copy lives.")
+@click.option("--engine", default="dspark", show_default=True, type=click.Choice(["dspark", "vllm"]),
+              help="Our engine, or vLLM's offline API (drafters: none, ngram, suffix, mtp, eagle3, dflash, dspark, "
+                   "draft_model; --block-size = num_speculative_tokens).")
+@click.option("--engine-opt", multiple=True,
+              help="vLLM option KEY=VALUE (repeatable; VALUE as JSON): an EngineArgs field such as "
+                   "tensor_parallel_size=2, or a SpeculativeConfig field such as enable_adaptive_verification=true.")
 @friendly
 def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip, max_new_tokens, temperature,
-        block_size, seed, dtype, repeats, concurrency, out, cache_dir):
-    """Decode a suite with each drafter through the one engine and record the results."""
+        block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine, engine_opt):
+    """Decode a suite with each drafter through the one engine (or vLLM) and record the results."""
+    if engine == "vllm":
+        from dspark_bench.vllm_cli import run_vllm
+
+        return run_vllm(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip,
+                        max_new_tokens, temperature, block_size, seed, dtype, repeats, concurrency, out, cache_dir,
+                        engine_opt)
+    if engine_opt:
+        raise click.BadParameter("--engine-opt configures vLLM: give it with --engine vllm")
     from dspark_bench import drafters
     from dspark_bench.runner import Run, RunSpec, default_drafters
     from dspark_bench.schedulers import scheduler_class
@@ -282,10 +296,19 @@ def baseline_update(runs, name, root):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default=None, type=click.Path(path_type=Path),
               help="Folder for lossless.json (e.g. a run folder). Default: results/lossless-<time>/.")
+@click.option("--engine", default="dspark", show_default=True, type=click.Choice(["dspark", "vllm"]),
+              help="vllm: PIT/KS against the teacher-forced target and homogeneity against vLLM without "
+                   "speculation, for each vLLM configuration in --drafter (default none,ngram).")
+@click.option("--engine-opt", multiple=True, help="vLLM EngineArgs option KEY=VALUE (with --engine vllm).")
 @friendly
-def check_lossless(target, drafter_list, scheduler_list, mode, seed, out):
+def check_lossless(target, drafter_list, scheduler_list, mode, seed, out, engine, engine_opt):
     """Statistical battery: speculative decoding must reproduce the target law; negative controls must fail."""
     import json
+
+    if engine == "vllm":
+        from dspark_bench.vllm_cli import check_lossless_vllm
+
+        return check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt)
 
     from dspark_bench.stats import HEADERS, render_rows, report_to_json, run_battery
 
@@ -314,6 +337,10 @@ def _attach_commands() -> None:
     main.add_command(report)
     main.add_command(paper)
     main.add_command(lm_eval_command)
+
+    from dspark_bench.vllm_cli import export
+
+    main.add_command(export)
 
     from dspark_bench.sched_cli import calibrate, profile, simulate, sweep
     from dspark_bench.train.cli import data, train
