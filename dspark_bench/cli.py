@@ -338,9 +338,10 @@ def _attach_commands() -> None:
     main.add_command(paper)
     main.add_command(lm_eval_command)
 
-    from dspark_bench.vllm_cli import export
+    from dspark_bench.vllm_cli import compare_engines, export
 
     main.add_command(export)
+    main.add_command(compare_engines)
 
     from dspark_bench.sched_cli import calibrate, profile, simulate, sweep
     from dspark_bench.train.cli import data, train

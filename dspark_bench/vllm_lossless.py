@@ -143,15 +143,19 @@ def config_rows(name: str, setting: VllmSettings, plan: VllmPlan, prompts, laws_
 
 
 def run_vllm_battery(mode: str, target_name: str, drafters: Sequence[str], seed: int, model: str,
-                     llm_options: dict[str, Any], progress: Progress | None = None) -> tuple[BatteryReport, dict]:
-    """The report (``none`` first, then each speculative configuration) and the evidence per configuration."""
+                     llm_options: dict[str, Any], progress: Progress | None = None,
+                     drafter_options: dict[str, dict[str, str]] | None = None) -> tuple[BatteryReport, dict]:
+    """The report (``none`` first, then each speculative configuration) and the evidence per configuration;
+    ``drafter_options`` as ``--drafter-opt`` gives them (e.g. ``eagle3.model``)."""
     from dspark_bench.target import Target
 
     if mode not in VLLM_PLANS:
         raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(VLLM_PLANS)}")
     plan, say, t0 = VLLM_PLANS[mode], progress or (lambda _m: None), time.perf_counter()
     names = ["none", *[d for d in drafters if d != "none"]]
-    settings = {d: VllmSettings(model, REAL_DTYPE, seed, 1024, speculative_config(d, plan.block), llm_options)
+    opts = drafter_options or {}
+    settings = {d: VllmSettings(model, REAL_DTYPE, seed, 1024, speculative_config(d, plan.block, opts.get(d)),
+                                llm_options)
                 for d in names}  # every configuration validated before a model loads
     say(f"loading {target_name} ({REAL_DTYPE}) for the teacher-forced target law")
     hf = Target.load(target_name, dtype=REAL_DTYPE)
@@ -164,6 +168,7 @@ def run_vllm_battery(mode: str, target_name: str, drafters: Sequence[str], seed:
         got, counts = config_rows(name, settings[name], plan, prompts, laws_of, vanilla, seed, target_name,
                                   evidence[name])
         rows += got
+        evidence[name]["example_texts"] = [hf.tokenizer.decode(o) for o in evidence[name].get("examples", [])]
         if name == "none":
             vanilla = counts
     report = BatteryReport(mode, f"vllm:{target_name}", REAL_DTYPE, seed, ALPHA, time.perf_counter() - t0,
