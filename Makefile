@@ -68,9 +68,11 @@ VLLM_VENV ?= .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 VLLM_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 VLLM_EXTRA ?= $(if $(VLLM_CUDA),vllm-cuda,vllm)
-# One core for vLLM's OpenMP threads on CPU (its CPU engine spins them), a 1 GiB KV cache, the engine core in
-# this process (no spawned engine process). Ignored by the CUDA build.
-VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1
+# One core for vLLM's OpenMP threads on CPU (its CPU engine spins them) and a 1 GiB KV cache; ignored by the CUDA
+# build. The engine core stays in its own (spawned) process: with VLLM_ENABLE_V1_MULTIPROCESSING=0, vLLM 0.32.0
+# fails to start a second LLM in a process where an ngram LLM ran (its Triton-kernel rebinding trips over
+# llvmlite objects that the ngram proposer's numba left in sys.modules).
+VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0 VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1
 VLLM_DIR ?= results/vllm-check
 
 vllm-setup: $(VLLM_VENV)/.installed

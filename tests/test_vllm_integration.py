@@ -21,8 +21,7 @@ pytestmark = [
     pytest.mark.skipif(vllm_version() is None, reason="vLLM is not installed in this venv: `make vllm-test` runs "
                                                       "these tests in .venv-vllm"),
 ]
-CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "OMP_NUM_THREADS": "1"}
+CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
