@@ -308,10 +308,14 @@ def check_lossless(target, drafter_list, scheduler_list, mode, seed, out, engine
     if engine == "vllm":
         from dspark_bench.vllm_cli import check_lossless_vllm
 
+        if scheduler_list:
+            raise click.BadParameter("--scheduler is ours: vLLM verifies every drafted token")
         return check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt)
 
     from dspark_bench.stats import HEADERS, render_rows, report_to_json, run_battery
 
+    if engine_opt:
+        raise click.BadParameter("--engine-opt configures vLLM: give it with --engine vllm")
     split = (lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None)  # noqa: E731
     report = run_battery(mode=mode, target=target, drafters=split(drafter_list), schedulers=split(scheduler_list),
                          seed=seed, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
