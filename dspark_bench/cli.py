@@ -53,13 +53,19 @@ def main(verbose: bool) -> None:
 @click.option("--engine-opt", multiple=True,
               help="vLLM option KEY=VALUE (repeatable; VALUE as JSON): an EngineArgs field such as "
                    "tensor_parallel_size=2, or a SpeculativeConfig field such as enable_adaptive_verification=true.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Shard the prompts (by chunk) across N Ray workers, each running our engine; one run folder.")
+@click.option("--ray-address", default=None, help="Ray cluster to use (default with --workers: a local Ray).")
 @friendly
 def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip, max_new_tokens, temperature,
-        block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine, engine_opt):
+        block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine, engine_opt, workers, ray_address):
     """Decode a suite with each drafter through the one engine (or vLLM) and record the results."""
     if engine == "vllm":
         from dspark_bench.vllm_cli import run_vllm
 
+        if workers > 1 or ray_address:
+            raise click.BadParameter("--workers shards our engine; vLLM scales with --engine-opt "
+                                     "data_parallel_size=N (or tensor_parallel_size=N)")
         return run_vllm(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip,
                         max_new_tokens, temperature, block_size, seed, dtype, repeats, concurrency, out, cache_dir,
                         engine_opt)
@@ -91,6 +97,14 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
         raise click.BadParameter(f"--skip {skip} leaves no prompt: --limit {limit} selects no prompt of {suite!r} "
                                  f"that --limit {skip} does not")
     folder = Path(out or f"results/{time.strftime('%Y%m%d-%H%M%S')}-{Path(target).name}")
+    if workers > 1 or ray_address:
+        from dspark_bench.ray_run import run_on_ray
+
+        console.print(f"decoding on {workers} Ray workers ...")
+        summary = run_on_ray(spec, prompts, folder, workers, ray_address, Path(cache_dir) if cache_dir else None)
+        _print_summary(summary)
+        stdout.print(f"results written to [bold]{folder}[/]")
+        return
     console.print(f"loading target [bold]{target}[/] ({dtype}) ...")
     tgt = Target.load(target, dtype=dtype, cache_dir=Path(cache_dir) if cache_dir else None)
     total = len(prompts) * len(names) * repeats
