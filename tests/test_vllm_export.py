@@ -1,0 +1,40 @@
+"""``export --format vllm``: our shipped Eagle3 in the layout vLLM's llama_eagle3 reads (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from dspark_bench.drafters import checkpoint
+from dspark_bench.vllm_export import export_vllm, vllm_eagle3_config
+
+SHIPPED = checkpoint.shipped_folder("smollm2-135m", "eagle3")
+TARGET = {"vocab_size": 49152, "hidden_size": 576, "max_position_embeddings": 8192, "bos_token_id": 1,
+          "eos_token_id": 2}
+
+
+@pytest.mark.skipif(SHIPPED is None, reason="no shipped eagle3 checkpoint for smollm2-135m")
+def test_shipped_eagle3_exports_with_vllm_layer_ids_and_our_weights(tmp_path):
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(json.dumps(TARGET))
+    out = export_vllm(SHIPPED, tmp_path / "target", tmp_path / "e3")
+    config = json.loads((out / "config.json").read_text())
+    meta, state = checkpoint.load(SHIPPED)
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [t + 1 for t in meta["config"]["taps"]]
+    assert config["target_hidden_size"] * len(meta["config"]["taps"]) == state["fc.weight"].shape[1]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == set(state)  # no embed_tokens / lm_head: vLLM shares the target's
+
+
+def test_only_llama_eagle3_checkpoints_export():
+    layer = {"hidden_size": 8, "intermediate_size": 16, "num_heads": 2, "num_kv_heads": 1, "head_dim": 4,
+             "hidden_act": "silu", "rms_norm_eps": 1e-6, "attention_bias": False, "rope_theta": 1e4}
+    with pytest.raises(checkpoint.CheckpointError, match="writes eagle3"):
+        vllm_eagle3_config({"method": "dspark", "config": {}}, TARGET)
+    with pytest.raises(checkpoint.CheckpointError, match="q/k norms"):
+        vllm_eagle3_config({"method": "eagle3", "config": {"layer": {**layer, "qk_norm": True}, "taps": [1]}}, TARGET)
+    assert vllm_eagle3_config({"method": "eagle3", "config": {"layer": layer, "taps": [0, 3]}},
+                              TARGET)["eagle_aux_hidden_state_layer_ids"] == [1, 4]
