@@ -26,7 +26,7 @@ test: setup lint
 	$(BIN)/pytest -q
 
 bench: setup
-	$(BIN)/dspark-bench bench
+	$(BIN)/dspark-bench bench --out results/bench-$$(date +%Y%m%d-%H%M%S)
 
 # Fast regression gate on the embedded target (CI): a sampled run (tau, speedup), a greedy fp32 run (equality
 # with none), the fast lossless battery, then a comparison with the committed baseline.

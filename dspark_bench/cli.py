@@ -322,44 +322,67 @@ def list_() -> None:
 
 @main.command()
 @click.option("--target", default="smollm2-135m", show_default=True)
-@click.option("--suite", default="code", show_default=True)
-@click.option("--limit", default=5, show_default=True, type=int)
-@click.option("--max-new-tokens", default=128, show_default=True, type=int)
-@click.option("--temperatures", default="0,1", show_default=True, help="Comma list of temperatures.")
+@click.option("--suite", default="all", show_default=True)
+@click.option("--limit", default=10, show_default=True, type=int, help="Prompts per dataset (4 datasets in `all`).")
+@click.option("--max-new-tokens", default=64, show_default=True, type=int)
+@click.option("--temperature", default=1.0, show_default=True, type=float)
 @click.option("--repeats", default=3, show_default=True, type=int)
+@click.option("--block-size", default=7, show_default=True, type=int)
+@click.option("--concurrency", default="1,8,32", show_default=True, help="Comma list of concurrency levels.")
+@click.option("--drafters", "drafter_names", default="none,ngram,dspark", show_default=True)
+@click.option("--drafter-opt", "drafter_opts", multiple=True, help="DRAFTER.KEY=VALUE, repeatable.")
+@click.option("--hf-batch", default=8, show_default=True, type=int, help="Batch of the HF batched comparison (0: skip).")
+@click.option("--no-hf", is_flag=True, help="Skip the comparisons with HF generate().")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
-@click.option("--out", default=None, help="JSON file for the measurements. Default: results/bench-<time>.json")
+@click.option("--device", default=None, help="torch device (default: cuda when available, else cpu).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for bench.json.")
 @friendly
-def bench(target, suite, limit, max_new_tokens, temperatures, repeats, dtype, out):
-    """Speed of our loop (none, ngram) against HF generate() and HF prompt-lookup, side by side."""
+def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size, concurrency, drafter_names,
+          drafter_opts, hf_batch, no_hf, dtype, device, out):
+    """Engine overhead share, Markov-head share and our `none` vs HF generate() (c=1 and batched)."""
     import json
 
-    from dspark_bench.bench import BenchSpec, run_bench
+    from dspark_bench.bench import BENCH_JSON, BenchSpec, run_bench
     from dspark_bench.runner import build_requests
     from dspark_bench.suites import load_suite
     from dspark_bench.target import Target
 
-    temps = tuple(float(t) for t in temperatures.split(","))
-    if repeats < 1 or limit < 1 or any(t < 0 for t in temps):
-        raise click.BadParameter("--repeats and --limit must be >= 1 and temperatures >= 0")
-    spec = BenchSpec(suite=suite, limit=limit, max_new_tokens=max_new_tokens, temperatures=temps, repeats=repeats)
+    try:
+        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
+    except ValueError:
+        raise click.BadParameter(f"--concurrency must be a comma list of integers, got {concurrency!r}") from None
+    names = tuple(n.strip() for n in drafter_names.split(",") if n.strip())
+    try:
+        spec = BenchSpec(suite=suite, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature,
+                         repeats=repeats, block_size=block_size, concurrency=levels, drafters=names,
+                         hf_batch=hf_batch, hf=not no_hf)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if (Path(out) / BENCH_JSON).exists():
+        raise click.BadParameter(f"{out} already holds a {BENCH_JSON}; choose another --out")
     prompts = load_suite(suite, limit)
-    tgt = Target.load(target, dtype=dtype)
-    result = run_bench(tgt, build_requests(tgt, prompts, spec.seed), spec, log=console.print)
-    result["target"] = {"name": target, "dtype": dtype}
-    path = Path(out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    table = Table(title=f"core speed, {target} {dtype}, {len(prompts)} prompts x {repeats} repeats (medians)")
-    for col in ("T", "ours none", "HF generate", "ours ngram", "HF prompt-lookup", "none/HF", "ngram/HF-PLD",
-                "ngram/none"):
+    tgt = Target.load(target, dtype=dtype, device=device)
+    result = run_bench(tgt, build_requests(tgt, prompts, spec.seed), spec, parse_options(drafter_opts),
+                       log=console.print)
+    result["target"] = {"name": target, "dtype": dtype, "device": str(tgt.device)}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / BENCH_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    table = Table(title=f"engine bench, {target} {dtype} on {tgt.device}, {len(prompts)} prompts x {repeats} "
+                        "repeats (medians)")
+    for col in ("c", "drafter", "overhead", "Markov head", "sampling", "tok/s per request", "tok/s system",
+                "occupancy"):
         table.add_column(col, justify="right")
-    for temp, agg in result["temperatures"].items():
-        med, rat = agg["median_tokens_per_s"], agg["ratios"]
-        table.add_row(temp, *(f"{med[m]:.1f}" for m in ("ours:none", "hf:generate", "ours:ngram", "hf:prompt-lookup")),
-                      *(f"{v['median']:.3f}" for v in rat.values()))
+    for conc, per in result["overhead"].items():
+        for name, v in per.items():
+            m = v["median"]
+            table.add_row(conc, name, *(_fmt(m[k], ".1%") for k in ("overhead_share", "markov_head_share",
+                                                                    "sample_share")),
+                          _fmt(m["per_request_tokens_per_s"], ".1f"), _fmt(m["system_tokens_per_s"], ".1f"),
+                          _fmt(m["occupancy"], ".2f"))
     stdout.print(table)
-    stdout.print(f"written to {path}")
+    for batch, v in result.get("vs_hf", {}).items():
+        stdout.print(f"ours none / HF generate at c={batch}: {v['ours_over_hf']['median']:.3f}x")
+    stdout.print(f"written to {Path(out) / BENCH_JSON}")
 
 
 @main.command()

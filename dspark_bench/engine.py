@@ -1,40 +1,47 @@
-"""The one speculative-decoding loop, batched over R concurrent requests.
+"""The one speculative-decoding loop, batched over R concurrent requests and resident on the target's device.
 
 Every method runs through :class:`Engine`: vanilla decoding is the drafter that proposes nothing. A round is
 
-1. **draft**: the drafter proposes a block for every active request;
+1. **draft**: the drafter proposes a block for every active request (tokens and q stay on the device);
 2. **schedule**: the scheduler picks each request's verify length (capped by its remaining token budget);
 3. **verify**: one target forward over ``[current, x_1..x_l]`` for all requests at once;
-4. **accept**: the acceptance rule (:mod:`dspark_bench.verify`) decides survivors and the target's token;
-5. **commit**: tokens are appended, rejected cache slots become holes, the drafter is told.
+4. **accept**: one vectorised acceptance step (:mod:`dspark_bench.verify`) for all R requests decides survivors
+   and draws the target's token, with uniforms keyed by (request seed, position, purpose) (:mod:`.rng`);
+5. **commit**: one small device-to-host copy (accepted counts, tokens, confidences), tokens are appended,
+   rejected cache slots become holes (reclaimed by :meth:`Target.compact`), the drafter is told.
 
-Requests join as slots free up (continuous batching up to ``concurrency``); a finished request leaves and its
-result is handed to ``on_result`` at once, so a crash later never loses it.
+Requests join as slots free up (continuous batching: ``concurrency`` requests stay in flight until the queue
+runs dry); a finished request leaves and its result is handed to ``on_result`` at once, so a crash later never
+loses it. :meth:`Engine.session` exposes the loop one step at a time so that a runner can interleave several
+engines round by round (see :mod:`dspark_bench.runner`).
+
+Randomness: the first token after a prompt ending at position n, and the recovered/bonus token of a round whose
+current token is at position n, use key (seed, n, TARGET); the test of draft x_j at position n + j uses
+(seed, n + j, ACCEPT); drafters draw x_j with (seed, n + j, DRAFT). So a request's tokens do not depend on the
+batch it shares, on the concurrency or on the admission order.
+
+Times (see :mod:`dspark_bench.rounds`): TTFT spans admission (prefill, first token, the drafter's ``begin``);
+a round's ``draft_s`` / ``verify_s`` / ``other_s`` split its wall time, and the drafter's forward, Markov-head
+and sampling spans are read from :class:`~dspark_bench.timing.Timer`.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
+from dspark_bench import rng
 from dspark_bench.drafters.base import DraftContext, Drafter, Proposal, Slot
+from dspark_bench.rounds import Request, RequestResult, RoundStats
 from dspark_bench.schedulers import Fixed, Scheduler
-from dspark_bench.target import KVBatch, Target
-from dspark_bench.verify import AcceptRule, Verdict, sample, speculative_accept, to_probs
+from dspark_bench.target import KVBatch, Target, to_device
+from dspark_bench.timing import Timer
+from dspark_bench.verify import AcceptRule, Draws, Verdict, sample, speculative_accept, to_probs
 
-
-@dataclass(frozen=True)
-class Request:
-    request_id: int
-    prompt_ids: tuple[int, ...]
-    seed: int
-    dataset: str = ""
-    domain: str = ""
-    prompt_id: str = ""
+__all__ = ["Engine", "EngineConfig", "Request", "RequestResult", "RoundStats", "Session"]
 
 
 @dataclass(frozen=True)
@@ -55,45 +62,25 @@ class EngineConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
 
 
-@dataclass(frozen=True)
-class RoundStats:
-    """One draft-verify round of one request. Times are the round's shared wall times in seconds."""
-
-    proposed: int  # draft tokens the drafter offered
-    verified: int  # draft tokens sent to the target (l)
-    accepted: int  # draft tokens that survived (A)
-    committed: int  # tokens appended: A + 1, or A when an accepted EOS ended the request (tau of the round)
-    draft_s: float
-    verify_s: float
-    other_s: float
-    sequential_s: float = 0.0
-    confidence: tuple[float, ...] | None = None  # c_1..c_proposed, when the drafter predicts them
-    batch: int = 1  # requests in the batch this round
-
-
-@dataclass(frozen=True)
-class RequestResult:
-    request: Request
-    status: str  # "ok" or "error"
-    output_ids: tuple[int, ...]
-    rounds: tuple[RoundStats, ...]
-    ttft_s: float
-    decode_s: float
-    finish: str  # "eos", "length" or "error"
-    error: str | None = None
-
-
 @dataclass(eq=False)
 class _Live:
     request: Request
     slot: Slot
-    started: float
     ttft_s: float = 0.0
     decode_s: float = 0.0
     output: list[int] = field(default_factory=list)
     rounds: list[RoundStats] = field(default_factory=list)
     finish: str | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Host:
+    """What one round copies to the host: verdicts, the verified draft tokens and the confidences."""
+
+    verdicts: list[Verdict]
+    drafts: list[list[int]]  # [R][k] verified-width draft tokens
+    confidence: list[list[float]] | None
 
 
 class Engine:
@@ -109,116 +96,166 @@ class Engine:
         self.scheduler = scheduler or Fixed()
         self.accept = accept
         self.taps = tuple(drafter.feature_layers)
+        self.eos = torch.tensor(sorted(target.eos_ids), dtype=torch.long, device=target.device)
 
     def run(self, requests: Iterable[Request], on_result: Callable[[RequestResult], None]) -> None:
         """Decode every request; ``on_result`` receives each result as soon as the request ends."""
-        queue = deque(requests)
-        ctx = DraftContext(self.target, self.config.temperature, self.config.block_size)
-        live: list[_Live] = []
-        batch: KVBatch | None = None
-        while queue or live:
-            free = self.config.concurrency - len(live)
-            if free > 0 and queue:
-                joining = [queue.popleft() for _ in range(min(free, len(queue)))]
-                batch = self._admit(ctx, batch, live, joining, on_result)
-            if live and all(item.finish is None for item in live):
-                self._round_or_fail(ctx, batch, live)
-            batch = self._retire(ctx, batch, live, on_result)
+        session = self.session(requests, on_result)
+        while session.step():
+            pass
+
+    def session(self, requests: Iterable[Request], on_result: Callable[[RequestResult], None]) -> Session:
+        return Session(self, deque(requests), on_result)
+
+
+class Session:
+    """One pass of an engine over a queue of requests, advanced one step (admit, one round, retire) at a time."""
+
+    def __init__(self, engine: Engine, queue: deque[Request], on_result: Callable[[RequestResult], None]):
+        self.engine, self.queue, self.on_result = engine, queue, on_result
+        self.target, self.drafter, self.config = engine.target, engine.drafter, engine.config
+        self.timer = Timer(self.target.device)
+        self.ctx = DraftContext(self.target, self.config.temperature, self.config.block_size, timer=self.timer)
+        self.live: list[_Live] = []
+        self.batch: KVBatch | None = None
+
+    @property
+    def done(self) -> bool:
+        return not self.queue and not self.live
+
+    def step(self) -> bool:
+        """Admit what fits, run one round, retire what finished. False once the queue and the batch are empty."""
+        if self.done:
+            return False
+        free = self.config.concurrency - len(self.live)
+        if free > 0 and self.queue:
+            self._admit([self.queue.popleft() for _ in range(min(free, len(self.queue)))])
+        if self.live and all(item.finish is None for item in self.live):
+            self._round_or_fail()
+        self._retire()
+        return not self.done
 
     # ---- admission ------------------------------------------------------------------------------------------
-    def _admit(self, ctx, batch, live, joining, on_result) -> KVBatch | None:
+    def _admit(self, joining: list[Request]) -> None:
         """Prefill ``joining`` together, sample each first token, and merge them into the running batch."""
-        t0 = self._clock()
+        timer, device = self.timer, self.target.device
+        t0 = timer.mark()
         try:
-            new_batch, out = self.target.prefill([list(r.prompt_ids) for r in joining], self.taps)
+            new_batch, out = self.target.prefill([list(r.prompt_ids) for r in joining], self.engine.taps)
+            seeds, last = to_device([[r.seed, len(r.prompt_ids) - 1] for r in joining], device).T
+            u = rng.uniforms(seeds, last, rng.TARGET)  # [J]
+            first = sample(to_probs(out.logits[:, -1], self.config.temperature), u).tolist()  # the one D2H copy
             items = []
-            for r, req in enumerate(joining):
-                gen = torch.Generator().manual_seed(req.seed)
-                first = sample(to_probs(out.logits[r, -1].float().cpu(), self.config.temperature), gen)
-                slot = Slot(req.request_id, [*req.prompt_ids, first], len(req.prompt_ids), gen)
+            for r, (req, tok) in enumerate(zip(joining, first, strict=True)):
+                slot = Slot(req.request_id, [*req.prompt_ids, tok], len(req.prompt_ids), req.seed)
                 slot.new_features = out.features[r]
-                items.append(_Live(req, slot, t0, output=[first]))
-            self.drafter.begin(ctx, [i.slot for i in items])
+                items.append(_Live(req, slot, output=[tok]))
+            self.drafter.begin(self.ctx, [i.slot for i in items])
         except Exception as exc:  # noqa: BLE001 - a failed request is recorded, never fatal for the run
+            timer.clear()
             for req in joining:
-                on_result(_failed(req, exc))
-            return batch
-        if batch is None:
-            batch = self.target.new_batch()
-        self.target.merge(batch, new_batch)
-        ttft = self._clock() - t0
+                self.on_result(_failed(req, exc))
+            return
+        if self.batch is None:
+            self.batch = self.target.new_batch()
+        self.target.merge(self.batch, new_batch)
+        self._compact()
+        ttft = timer.seconds(t0, timer.mark())
+        timer.clear()
         for item in items:
             item.ttft_s = ttft
             self._check_done(item)
-        live.extend(items)
-        ctx.slots = [i.slot for i in live]
-        return batch
+        self.live.extend(items)
+        self.ctx.slots = [i.slot for i in self.live]
 
     # ---- one round ------------------------------------------------------------------------------------------
-    def _round_or_fail(self, ctx, batch, live) -> None:
+    def _round_or_fail(self) -> None:
         try:
-            self._round(ctx, batch, live)
+            self._round()
         except Exception as exc:  # noqa: BLE001
-            for item in live:
+            for item in self.live:
                 item.finish, item.error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            self.timer.clear()
 
-    def _round(self, ctx: DraftContext, batch: KVBatch, live: list[_Live]) -> None:
-        t0 = self._clock()
+    def _round(self) -> None:
+        ctx, live, timer, waiting = self.ctx, self.live, self.timer, len(self.queue)
+        t0 = timer.mark()
         proposal = self.drafter.propose(ctx)  # 1. draft
-        t1 = self._clock()
-        lengths = self._verify_lengths(proposal, ctx, live)  # 2. schedule
-        blocks = [[item.slot.tokens[-1], *proposal.tokens[r, : lengths[r]].tolist()] for r, item in enumerate(live)]
-        out = self.target.forward_block(batch, blocks, self.taps)  # 3. verify forward
-        t2 = self._clock()
-        verdicts = [self._accept(out.logits[r], proposal, r, lengths[r], item) for r, item in enumerate(live)]
-        self.target.keep(batch, [v.accepted + 1 for v in verdicts])  # 5. commit (cache)
-        for r, (item, v) in enumerate(zip(live, verdicts, strict=True)):
-            self._commit(item, proposal, r, v)
+        t1 = timer.mark()
+        lengths = self._verify_lengths(proposal)  # 2. schedule
+        width = max(lengths)
+        device = self.target.device
+        draft = to_device(proposal.tokens[:, :width], device)  # [R, k]
+        # the round's index values in one host-to-device copy: current token, seed, position, verify length
+        current, seeds, anchor, lens = to_device([[i.slot.tokens[-1], i.slot.seed, i.slot.position, n]
+                                                  for i, n in zip(live, lengths, strict=True)], device).T
+        ids = torch.cat([current.unsqueeze(1), draft], 1)  # [R, k+1]
+        out = self.target.forward_block(self.batch, ids, [n + 1 for n in lengths], self.engine.taps)  # 3. verify
+        t2 = timer.mark()
+        host = self._accept(out.logits, proposal, draft, (seeds, anchor, lens))  # 4. accept (+ one D2H copy)
+        self.target.keep(self.batch, [v.accepted + 1 for v in host.verdicts])  # 5. commit
+        for r, (item, v) in enumerate(zip(live, host.verdicts, strict=True)):
+            self._commit(item, host.drafts[r], v)
             item.slot.new_features = out.features[r].head(v.accepted + 1)
-        self.drafter.commit(ctx, ctx.slots, verdicts)
-        t3 = self._clock()
-        for r, (item, v) in enumerate(zip(live, verdicts, strict=True)):
-            conf = proposal.confidence
-            item.rounds.append(
-                RoundStats(
-                    proposed=int(proposal.lengths[r]),
-                    verified=lengths[r],
-                    accepted=v.accepted,
-                    committed=v.committed,
-                    draft_s=t1 - t0,
-                    verify_s=t2 - t1,
-                    other_s=t3 - t2,
-                    sequential_s=proposal.sequential_s,
-                    confidence=None if conf is None else tuple(conf[r, : int(proposal.lengths[r])].float().tolist()),
-                    batch=len(live),
-                )
-            )
-            item.decode_s += t3 - t0
+        self.drafter.commit(ctx, ctx.slots, host.verdicts)
+        self._compact()
+        t3 = timer.mark()
+        self._record(proposal, lengths, host, (t0, t1, t2, t3), waiting)
 
-    def _verify_lengths(self, proposal: Proposal, ctx: DraftContext, live: list[_Live]) -> list[int]:
-        chosen = self.scheduler.decide(proposal, ctx).tolist()
+    def _verify_lengths(self, proposal: Proposal) -> list[int]:
+        chosen = self.engine.scheduler.decide(proposal, self.ctx).tolist()
+        proposed = proposal.lengths.tolist()
         out = []
-        for r, item in enumerate(live):
-            if not 0 <= chosen[r] <= int(proposal.lengths[r]):
-                raise ValueError(f"scheduler chose {chosen[r]} of {int(proposal.lengths[r])} proposed tokens")
+        for r, item in enumerate(self.live):
+            if not 0 <= chosen[r] <= proposed[r]:
+                raise ValueError(f"scheduler chose {chosen[r]} of {proposed[r]} proposed tokens")
             remaining = self.config.max_new_tokens - len(item.output)
             out.append(min(chosen[r], remaining - 1))
         return out
 
-    def _accept(self, logits: torch.Tensor, proposal: Proposal, r: int, n: int, item: _Live) -> Verdict:
-        """4. accept: target law p at the n+1 real slots vs the draft law q of the n verified tokens."""
-        p = to_probs(logits[: n + 1].float().cpu(), self.config.temperature)
-        draft = proposal.tokens[r, :n].cpu()
-        q = None if proposal.q is None else proposal.q[r, :n].float().cpu()
-        return self.accept(p, draft, q, item.slot.generator, self.target.eos_ids)
+    def _accept(self, logits: torch.Tensor, proposal: Proposal, draft: torch.Tensor, keys) -> _Host:
+        """4. accept: target law p at the k+1 slots vs the draft law q, all R requests in one step. ``keys``:
+        seeds [R], current positions [R] and verify lengths [R] on the device."""
+        width, device, (seeds, anchor, lens) = draft.shape[1], self.target.device, keys
+        p = to_probs(logits[:, : width + 1], self.config.temperature)  # [R, k+1, V]
+        q = None if proposal.q is None else to_device(proposal.q[:, :width], device)
+        draws = Draws(rng.uniforms(seeds, anchor[:, None] + torch.arange(1, width + 1, device=device), rng.ACCEPT),
+                      rng.uniforms(seeds, anchor, rng.TARGET))
+        v = self.engine.accept(p, draft, q, lens, draws, self.engine.eos)
+        parts = [v.accepted.double(), v.token.double(), v.eos.double(), *draft.double().T]  # each [R]
+        conf = proposal.confidence
+        if conf is not None:
+            parts += [*to_device(conf.double(), device).T]
+        packed = torch.stack(parts, 1).cpu().tolist()  # the round's one device-to-host copy
+        verdicts = [Verdict(int(a), None if e else int(t), bool(e)) for a, t, e, *_ in packed]
+        drafts = [[int(x) for x in row[3 : 3 + width]] for row in packed]
+        confidence = None if conf is None else [row[3 + width :] for row in packed]
+        return _Host(verdicts, drafts, confidence)
 
-    def _commit(self, item: _Live, proposal: Proposal, r: int, v: Verdict) -> None:
-        new = proposal.tokens[r, : v.accepted].tolist() + ([v.token] if v.token is not None else [])
+    def _commit(self, item: _Live, drafts: list[int], v: Verdict) -> None:
+        new = drafts[: v.accepted] + ([v.token] if v.token is not None else [])
         item.output.extend(new)
         item.slot.tokens.extend(new)
         if v.eos:
             item.finish = "eos"
         self._check_done(item)
+
+    def _record(self, proposal: Proposal, lengths: list[int], host: _Host, marks, waiting: int) -> None:
+        timer = self.timer
+        t0, t1, t2, t3 = marks
+        draft_s, verify_s, other_s = timer.seconds(t0, t1), timer.seconds(t1, t2), timer.seconds(t2, t3)
+        spans = timer.totals()
+        proposed = proposal.lengths.tolist()
+        for r, (item, v) in enumerate(zip(self.live, host.verdicts, strict=True)):
+            conf = None if host.confidence is None else tuple(host.confidence[r][: proposed[r]])
+            item.rounds.append(RoundStats(
+                proposed=proposed[r], verified=lengths[r], accepted=v.accepted, committed=v.committed,
+                draft_s=draft_s, verify_s=verify_s, other_s=other_s, head_s=spans["head"],
+                draft_forward_s=spans["forward"] + spans["head"], sample_s=spans["sample"], confidence=conf,
+                batch=len(self.live), cache_columns=getattr(self.batch, "columns", 0), waiting=waiting,
+            ))
+            item.decode_s += draft_s + verify_s + other_s
 
     def _check_done(self, item: _Live) -> None:
         if item.finish is None and item.output[-1] in self.target.eos_ids:
@@ -226,27 +263,29 @@ class Engine:
         elif item.finish is None and len(item.output) >= self.config.max_new_tokens:
             item.finish = "length"
 
-    # ---- retirement -----------------------------------------------------------------------------------------
-    def _retire(self, ctx, batch, live, on_result) -> KVBatch | None:
-        done = [r for r, item in enumerate(live) if item.finish is not None]
-        if not done:
-            return batch
-        leaving = [live[r] for r in done]
-        try:
-            self.drafter.end(ctx, [i.slot for i in leaving])
-        finally:
-            live[:] = [item for item in live if item.finish is None]
-            if live:
-                self.target.drop(batch, done)
-            ctx.slots = [i.slot for i in live]
-            for item in leaving:
-                on_result(_result(item))
-        return batch if live else None
+    def _compact(self) -> None:
+        """Keep the cache within the longest live row plus one block (``block_size + 1`` columns)."""
+        if self.batch is not None and hasattr(self.target, "compact"):
+            self.target.compact(self.batch, self.config.block_size + 1)
 
-    def _clock(self) -> float:
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
-        return time.perf_counter()
+    # ---- retirement -----------------------------------------------------------------------------------------
+    def _retire(self) -> None:
+        done = [r for r, item in enumerate(self.live) if item.finish is not None]
+        if not done:
+            return
+        leaving = [self.live[r] for r in done]
+        try:
+            self.drafter.end(self.ctx, [i.slot for i in leaving])
+        finally:
+            self.live[:] = [item for item in self.live if item.finish is None]
+            if self.live:
+                self.target.drop(self.batch, done)
+                self._compact()
+            else:
+                self.batch = None
+            self.ctx.slots = [i.slot for i in self.live]
+            for item in leaving:
+                self.on_result(_result(item))
 
 
 def _result(item: _Live) -> RequestResult:

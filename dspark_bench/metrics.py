@@ -16,8 +16,24 @@ Per round we record ``proposed`` (draft tokens offered), ``verified`` (l, sent t
   **survival_reached**[j] = accepted[j] / verified[j] (DeepSpec's accept_rate@j);
   **conditional**[j] = accepted[j] / examined[j] (the paper's Figure 2: P(x_j survives | x_1..x_{j-1} did)).
 * **histogram**[a] = #rounds with A = a, a = 0..gamma.
-* **tokens_per_s** = sum(decode tokens) / sum(decode_s), where decode tokens = output length - 1 (the first
-  token comes from prefill and is timed in TTFT). **tpot_s** per request = decode_s / decode tokens.
+Time definitions (the same for every drafter; round fields in :mod:`dspark_bench.rounds`):
+
+* **prefill** (``ttft_s``): admission to the first token: the target's prefill, the first draw and the
+  drafter's prompt processing (``begin``). **decode** (``decode_s``): the sum of the request's rounds' wall
+  times ``round_s = draft_s + verify_s + other_s``. Decode tokens = output length - 1 (the first token is
+  prefill's).
+* **per_request_tokens_per_s** (reported as ``tokens_per_s``) = sum(decode tokens) / sum(decode_s): the rate a
+  request sees. **tpot_s** per request = decode_s / decode tokens.
+* **system_tokens_per_s** = sum(decode tokens) / decode wall time of the batch, where a round of batch b
+  appears in b records, so the wall time is sum over request-rounds of round_s / b (each round counted once).
+* Shares of decode wall time, over rounds counted once (weights 1 / b): **overhead_share** = non-forward
+  time / round time = sum(round_s - verify_s - draft_forward_s) / sum(round_s) (everything but the target's
+  and the drafter's model forwards: sampling, acceptance, scheduling, bookkeeping); **markov_head_share** =
+  sum(head_s) / sum(round_s) (DSpark's Markov head compute, apart from sampling); **sample_share** =
+  sum(sample_s) / sum(round_s) (the drafter's draws). None for records without the split timings.
+* **mean_batch** = rounds-weighted mean batch size = sum(1) / sum(1 / b) over request-rounds;
+  **mean_batch_queued** the same over the rounds during which requests were still queued (continuous batching
+  should hold it at the concurrency R), and **occupancy** = mean_batch_queued / R.
 * **speedup_vs_none** = tokens_per_s(drafter) / tokens_per_s(none) on the same prompts and repeat, measured in
   the same invocation (a ratio of TPOTs pooled over requests); the median over repeats is reported.
 """
@@ -28,10 +44,12 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dspark_bench.results import RequestRecord
+if TYPE_CHECKING:  # records are only read here; results imports this module to summarise merged runs
+    from dspark_bench.results import RequestRecord
 
 
 @dataclass(frozen=True)
@@ -91,7 +109,47 @@ def decode_tokens(rec: RequestRecord) -> int:
 
 
 def tokens_per_s(records: Sequence[RequestRecord]) -> float | None:
+    """per_request_tokens_per_s (module docstring)."""
     return _ratio(sum(decode_tokens(r) for r in records), sum(r.decode_s for r in records))
+
+
+per_request_tokens_per_s = tokens_per_s
+
+
+def _weighted_rounds(records: Sequence[RequestRecord]):
+    """(timings row, batch, waiting, 1 / batch) for every request-round."""
+    for rec in records:
+        batches = rec.batch or (1,) * len(rec.timings)
+        waiting = rec.waiting or (0,) * len(rec.timings)
+        for t, b, w in zip(rec.timings, batches, waiting, strict=True):
+            yield t, b, w, 1.0 / max(b, 1)
+
+
+def system_tokens_per_s(records: Sequence[RequestRecord]) -> float | None:
+    """system_tokens_per_s (module docstring): decode tokens over the batch's decode wall time."""
+    wall = sum((t[0] + t[1] + t[2]) * w for t, _, _, w in _weighted_rounds(records))
+    return _ratio(sum(decode_tokens(r) for r in records), wall)
+
+
+def time_shares(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """overhead_share, markov_head_share and sample_share (module docstring); None without split timings."""
+    rows = [(t, w) for t, _, _, w in _weighted_rounds(records)]
+    total = sum((t[0] + t[1] + t[2]) * w for t, w in rows)
+    if not rows or any(len(t) < 6 for t, _ in rows) or not total:
+        return {"overhead_share": None, "markov_head_share": None, "sample_share": None}
+    return {"overhead_share": sum((t[0] + t[2] - t[4]) * w for t, w in rows) / total,
+            "markov_head_share": sum(t[3] * w for t, w in rows) / total,
+            "sample_share": sum(t[5] * w for t, w in rows) / total}
+
+
+def occupancy(records: Sequence[RequestRecord], concurrency: int) -> dict[str, float | None]:
+    """mean_batch, mean_batch_queued and occupancy (module docstring)."""
+    rows = list(_weighted_rounds(records))
+    queued = [(b, w) for _, b, q, w in rows if q > 0]
+    mean = _ratio(len(rows), sum(w for *_, w in rows))
+    mean_queued = _ratio(len(queued), sum(w for _, w in queued))
+    return {"mean_batch": mean, "mean_batch_queued": mean_queued,
+            "occupancy": None if mean_queued is None else mean_queued / concurrency}
 
 
 def percentiles(values: Sequence[float], qs=(50, 90, 99)) -> dict[str, float] | None:
@@ -139,8 +197,9 @@ def group_summary(records: Sequence[RequestRecord], gamma: int, baseline: Sequen
     out["speedup_vs_none"] = _median(ratios)
     out["ttft_s"] = percentiles([r.ttft_s for r in ok])
     out["tpot_s"] = percentiles([r.decode_s / decode_tokens(r) for r in ok if decode_tokens(r)])
-    out["sequential_share"] = _ratio(sum(t[3] for r in first for t in r.timings),
-                                     sum(t[0] + t[1] + t[2] for r in first for t in r.timings))
+    out["system_tokens_per_s"] = system_tokens_per_s([r for r in ok if r.repeat == min(by_rep, default=0)])
+    out.update(time_shares(ok))
+    out.update(occupancy(ok, max((r.concurrency for r in records), default=1)))
     return out
 
 

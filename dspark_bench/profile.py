@@ -180,10 +180,10 @@ def _measure_context(target: Target, context: int, shapes: list[tuple[int, int]]
 
 
 def _timed_forward(target: Target, batch, n_tok: int) -> float:
-    block = [[5] * n_tok for _ in range(batch.rows)]
+    block = torch.full((batch.rows, n_tok), 5, dtype=torch.long, device=target.device)
     _sync(target.device)
     t0 = time.perf_counter()
-    target.forward_block(batch, block)
+    target.forward_block(batch, block, [n_tok] * batch.rows)
     _sync(target.device)
     elapsed = time.perf_counter() - t0
     target.keep(batch, [0] * batch.rows)

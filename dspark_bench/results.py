@@ -17,7 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from dspark_bench.engine import RequestResult
+from dspark_bench.metrics import summarize
+from dspark_bench.rounds import RequestResult
 
 SCHEMA_VERSION = 1
 MANIFEST, RECORDS, SUMMARY = "manifest.json", "records.jsonl", "summary.json"
@@ -30,7 +31,10 @@ class ResultsError(ValueError):
 @dataclass(frozen=True)
 class RequestRecord:
     """One drafter x request (x repeat). ``rounds`` rows: [proposed, verified, accepted, committed];
-    ``timings`` rows: [draft_s, verify_s, other_s, sequential_s] (the round's wall times)."""
+    ``timings`` rows: [draft_s, verify_s, other_s, head_s, draft_forward_s, sample_s] (the round's times,
+    :mod:`dspark_bench.rounds`; records written before these were split hold four columns, the fourth the
+    drafter's whole sequential stage); ``batch`` and ``waiting``: requests in the batch and still queued, per
+    round."""
 
     drafter: str
     scheduler: str
@@ -52,6 +56,7 @@ class RequestRecord:
     confidence: tuple[tuple[float, ...], ...] | None = None
     batch: tuple[int, ...] | None = None
     error: str | None = None
+    waiting: tuple[int, ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -68,10 +73,10 @@ def record_from_result(result: RequestResult, drafter: str, scheduler: str, inde
         index=index, repeat=repeat, seed=req.seed, concurrency=concurrency, status=result.status,
         finish=result.finish, prompt_len=len(req.prompt_ids), output_ids=tuple(result.output_ids),
         rounds=tuple((r.proposed, r.verified, r.accepted, r.committed) for r in rounds),
-        timings=tuple((r.draft_s, r.verify_s, r.other_s, r.sequential_s) for r in rounds),
+        timings=tuple((r.draft_s, r.verify_s, r.other_s, r.head_s, r.draft_forward_s, r.sample_s) for r in rounds),
         ttft_s=result.ttft_s, decode_s=result.decode_s,
         confidence=tuple(tuple(r.confidence or ()) for r in rounds) if has_conf else None,
-        batch=tuple(r.batch for r in rounds), error=result.error,
+        batch=tuple(r.batch for r in rounds), error=result.error, waiting=tuple(r.waiting for r in rounds),
     )
 
 
@@ -85,7 +90,7 @@ def record_from_dict(data: dict[str, Any]) -> RequestRecord:
     if unknown:
         raise ResultsError(f"record has unknown keys {unknown}; known: {sorted(names)}")
     fixed = dict(data)
-    for key in ("output_ids", "batch"):
+    for key in ("output_ids", "batch", "waiting"):
         if fixed.get(key) is not None:
             fixed[key] = tuple(fixed[key])
     for key in ("rounds", "timings", "confidence"):
@@ -253,8 +258,6 @@ def merge_runs(parts: list[Path], out: Path, datasets: list[set[str] | None] | N
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / MANIFEST, merged)
     (out / RECORDS).write_text("".join(json.dumps(record_to_dict(r)) + "\n" for r in records), encoding="utf-8")
-    from dspark_bench.metrics import summarize  # metrics imports this module
-
     summary = summarize(records, int(first["block_size"]))
     write_json(out / SUMMARY, summary)
     return summary

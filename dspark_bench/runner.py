@@ -1,8 +1,14 @@
 """A benchmark run: prompts x drafters x repeats through the one engine, recorded as it goes.
 
-Drafters are interleaved chunk by chunk (a chunk = ``concurrency`` prompts), so every method is timed side by
-side with ``none`` on the same prompts under the same machine conditions; ratios, not absolute times, are what
-the summary compares.
+**Continuous batching, interleaved round by round.** Every drafter decodes the whole prompt list with its own
+engine session holding ``concurrency`` requests in flight: a finished request's slot is refilled from the queue
+at once, so the batch stays at R until the queue runs dry (the drain at the end is each drafter's own, one
+tail per run rather than one per chunk of R prompts). The sessions of all drafters (and, for a sweep, of all
+cells of a concurrency level, :func:`execute_together`) advance in lockstep: one round of each in turn. So
+every method is timed side by side with ``none`` on the same prompts under the same machine conditions (load
+or thermal drift hits all of them alike, at the granularity of one round), and each one's clock runs only
+during its own rounds (a round's times never include another engine's work). Ratios, not absolute times, are
+what the summary compares. The price is memory: every drafter's batch is resident at once.
 """
 
 from __future__ import annotations
@@ -10,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_bench import drafters as drafter_registry
 from dspark_bench.drafters import checkpoint
-from dspark_bench.engine import Engine, EngineConfig, Request, RequestResult
+from dspark_bench.engine import Engine, EngineConfig, Session
 from dspark_bench.metrics import summarize
 from dspark_bench.results import (
     SCHEMA_VERSION,
@@ -26,6 +33,7 @@ from dspark_bench.results import (
     record_from_result,
     write_json,
 )
+from dspark_bench.rounds import Request, RequestResult
 from dspark_bench.schedulers import create_scheduler, scheduler_class
 from dspark_bench.suites import Prompt
 from dspark_bench.target import Target
@@ -54,6 +62,54 @@ class RunSpec:
     warmup: bool = True
 
 
+@dataclass(eq=False)
+class _Open:
+    """A run in progress: its engines, requests and the records written so far."""
+
+    run: Run
+    engines: dict[str, Engine]
+    requests: list[Request]
+    manifest: dict
+    writer: RunWriter
+    records: list[RequestRecord] = field(default_factory=list)
+
+    def sessions(self, repeat: int) -> list[Session]:
+        """One session per drafter over all requests (nothing when the run has fewer repeats)."""
+        if repeat >= self.run.spec.repeats:
+            return []
+        return [engine.session(self.requests, self._keep(name, repeat)) for name, engine in self.engines.items()]
+
+    def _keep(self, name: str, repeat: int) -> Callable[[RequestResult], None]:
+        spec, index = self.run.spec, {r.request_id: p.index for r, p in zip(self.requests, self.run.prompts,
+                                                                          strict=True)}
+
+        def on_result(res: RequestResult) -> None:
+            rec = record_from_result(res, name, spec.scheduler, index[res.request.request_id], repeat,
+                                     spec.concurrency)
+            self.writer.add(rec)
+            self.records.append(rec)
+            self.run.on_record(rec)
+
+        return on_result
+
+    def finish(self) -> dict:
+        summary = summarize(self.records, self.run.spec.block_size)
+        self.manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        write_json(self.run.out / "manifest.json", self.manifest)
+        write_json(self.run.out / SUMMARY, summary)
+        return summary
+
+
+def execute_together(runs: Sequence[Run]) -> list[dict]:
+    """Execute runs on one target with all their drafters' sessions interleaved round by round (module
+    docstring), repeat by repeat; returns each run's summary."""
+    with ExitStack() as stack:
+        opened = [run.open(stack) for run in runs]
+        for repeat in range(max((r.spec.repeats for r in runs), default=0)):
+            interleave([s for o in opened for s in o.sessions(repeat)])
+        return [o.finish() for o in opened]
+
+
 def default_drafters(target: str) -> tuple[str, ...]:
     """``none``, ``ngram`` and every model drafter with a shipped checkpoint for ``target``."""
     shipped = [n for n in drafter_registry.names() if checkpoint.shipped_folder(target, n)]
@@ -68,8 +124,11 @@ def build_requests(target: Target, prompts: Sequence[Prompt], seed: int) -> list
     ]
 
 
-def _chunks(items: Sequence, size: int) -> list[Sequence]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+def interleave(sessions: Sequence[Session]) -> None:
+    """Step every session in turn, one round each, until all are done."""
+    active = list(sessions)
+    while active:
+        active = [s for s in active if s.step()]
 
 
 @dataclass(eq=False)
@@ -84,35 +143,19 @@ class Run:
     resolved_scheduler_options: dict[str, dict[str, str]] = field(default_factory=dict, init=False)
 
     def execute(self) -> dict:
+        """Decode, record and summarise; returns the summary."""
+        return execute_together([self])[0]
+
+    def open(self, stack: ExitStack) -> _Open:
+        """Engines, requests, manifest and record writer of this run (closed with ``stack``)."""
         spec = self.spec
         engines = {name: self._engine(name) for name in spec.drafters}
         requests = build_requests(self.target, self.prompts, spec.seed)
-        index = {r.request_id: p.index for r, p in zip(requests, self.prompts, strict=True)}
         manifest = self._manifest(engines)
-        with RunWriter(self.out, manifest) as writer:
-            if spec.warmup:
-                self._warmup(engines, requests)
-            records: list[RequestRecord] = []
-
-            def keep(name: str, repeat: int) -> Callable[[RequestResult], None]:
-                def on_result(res: RequestResult) -> None:
-                    rec = record_from_result(res, name, spec.scheduler, index[res.request.request_id], repeat,
-                                             spec.concurrency)
-                    writer.add(rec)
-                    records.append(rec)
-                    self.on_record(rec)
-
-                return on_result
-
-            for repeat in range(spec.repeats):
-                for chunk in _chunks(requests, spec.concurrency):
-                    for name, engine in engines.items():
-                        engine.run(chunk, keep(name, repeat))
-        summary = summarize(records, spec.block_size)
-        manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        write_json(self.out / "manifest.json", manifest)
-        write_json(self.out / SUMMARY, summary)
-        return summary
+        writer = stack.enter_context(RunWriter(self.out, manifest))
+        if spec.warmup:
+            self._warmup(engines, requests)
+        return _Open(self, engines, requests, manifest, writer)
 
     def _engine(self, name: str) -> Engine:
         spec = self.spec

@@ -4,7 +4,8 @@ Figure 5) and calibration rounds from held-out prompts. Every cell is a normal r
 
 Row fields (pooled over the cell's requests; acceptance metrics from :mod:`dspark_bench.metrics`):
 
-* ``aggregate_tokens_per_s`` (:func:`aggregate_tokens_per_s`), ``per_request_tps`` = ``metrics.tokens_per_s``;
+* ``aggregate_tokens_per_s`` = ``metrics.system_tokens_per_s``, ``per_request_tps`` =
+  ``metrics.per_request_tokens_per_s`` (both defined in :mod:`dspark_bench.metrics`);
 * ``mean_verify_budget`` = 1 + ``mean_verified`` (tokens per request per step the target verifies, anchor
   included: MTP-1 is 2); ``waste``, ``tau``, ``acceptance_rate`` from ``metrics.acceptance``;
 * Figure 5: ``accepted_per_step``, ``rejected_per_step`` and ``verified_acceptance_rate`` (:func:`figure5`).
@@ -28,25 +29,17 @@ from typing import Any
 from dspark_bench import drafters as drafter_registry
 from dspark_bench.calibration import calibration_report, fit_sts, rounds_from_records, save_calibration
 from dspark_bench.drafters.checkpoint import shipped_folder
-from dspark_bench.metrics import acceptance, count_rounds, decode_tokens, tokens_per_s
+from dspark_bench.metrics import acceptance, count_rounds, system_tokens_per_s, tokens_per_s
 from dspark_bench.results import RequestRecord, read_records, write_json
-from dspark_bench.runner import Run, RunSpec
+from dspark_bench.runner import Run, RunSpec, execute_together
 from dspark_bench.suites import Prompt, load_suite
 from dspark_bench.target import Target
 
 SWEEP_JSON = "sweep.json"
 
 
-# ---- metrics (to move to metrics.py) -------------------------------------------------------------------------
-def aggregate_tokens_per_s(records: Sequence[RequestRecord]) -> float | None:
-    """Aggregate decode throughput = sum(decode tokens) / decode wall time, where a round's wall time
-    (draft_s + verify_s + other_s) is shared by the ``batch`` requests in it, so the wall time is
-    sum_records sum_rounds (draft_s + verify_s + other_s) / batch. Prefill (TTFT) time is excluded."""
-    wall = 0.0
-    for rec in records:
-        batches = rec.batch or (1,) * len(rec.timings)
-        wall += sum((t[0] + t[1] + t[2]) / b for t, b in zip(rec.timings, batches, strict=True))
-    return sum(decode_tokens(r) for r in records) / wall if wall else None
+# ---- metrics ------------------------------------------------------------------------------------------------
+aggregate_tokens_per_s = system_tokens_per_s  # the sweep's name for metrics.system_tokens_per_s
 
 
 def figure5(records: Sequence[RequestRecord], gamma: int) -> dict[str, float | None]:
@@ -160,19 +153,25 @@ def usable(name: str, spec: SweepSpec) -> bool:
             or shipped_folder(spec.target, name) is not None)
 
 
-def run_cell(cell: Cell, spec: SweepSpec, target: Target, prompts: Sequence[Prompt], folder: Path,
-             profile: str | None = None, warmup: bool = True) -> list[RequestRecord]:
+def cell_run(cell: Cell, spec: SweepSpec, target: Target, prompts: Sequence[Prompt], folder: Path,
+             profile: str | None = None, warmup: bool = True) -> Run:
     run_spec = RunSpec(target=spec.target, drafters=(cell.drafter,), drafter_options=spec.drafter_options,
                        scheduler=cell.scheduler, suite=spec.suite, limit=spec.limit,
                        max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, block_size=spec.block_size,
                        seed=spec.seed, dtype=spec.dtype, concurrency=cell.concurrency, warmup=warmup,
-                       scheduler_options=dict(cell.options), profile=profile)
-    Run(run_spec, target, prompts, folder).execute()
+                       scheduler_options=dict(cell.options), profile=profile, repeats=spec.repeats)
+    return Run(run_spec, target, prompts, folder)
+
+
+def run_cell(cell: Cell, spec: SweepSpec, target: Target, prompts: Sequence[Prompt], folder: Path,
+             profile: str | None = None, warmup: bool = True) -> list[RequestRecord]:
+    cell_run(cell, spec, target, prompts, folder, profile, warmup).execute()
     return read_records(folder)
 
 
 def read_cell(folder: str | Path) -> list[RequestRecord]:
-    """All records of a sweep cell: one run folder per (repeat, chunk) part."""
+    """All records of a sweep cell: every run folder under it (one per cell since continuous batching; older
+    sweeps hold one per (repeat, chunk))."""
     parts = sorted(p for p in Path(folder).iterdir() if p.is_dir())
     return [rec for part in parts for rec in read_records(part)]
 
@@ -181,22 +180,17 @@ def run_sweep(spec: SweepSpec, target: Target, prompts: Sequence[Prompt], out: s
               profile: str | None = None, on_cell: Callable[[dict], None] = lambda row: None) -> dict:
     """Run every cell on the same prompts and seeds; write and return ``sweep.json``.
 
-    Cells of one concurrency level are interleaved on a shared machine: prompts go in chunks of R (as
-    ``runner.Run`` batches them), every cell runs each chunk in turn, in alternating order (ABBA) across
-    chunks and repeats, so load drift hits every cell alike. Each (repeat, chunk) is one run folder
-    ``cells/<cell>/r<repeat>-p<chunk>``."""
+    The cells of one concurrency level run together on a shared machine: each holds R requests in flight over
+    all prompts (continuous batching), and the cells' engines advance one round each in turn
+    (:func:`dspark_bench.runner.execute_together`), so load drift hits every cell alike and no batch drains
+    before its queue is empty. Each cell is one run folder ``cells/<cell>/run`` with ``spec.repeats`` repeats."""
     out, rows, cells = Path(out), [], sweep_cells(spec)
     for conc in spec.concurrency:
         level = [c for c in cells if c.concurrency == conc]
-        records: list[list[RequestRecord]] = [[] for _ in level]
-        chunks = [prompts[i: i + conc] for i in range(0, len(prompts), conc)]
-        for rep in range(spec.repeats):
-            for i, chunk in enumerate(chunks):
-                order = list(enumerate(level))[:: 1 if (rep * len(chunks) + i) % 2 == 0 else -1]
-                for n, cell in order:
-                    folder = out / "cells" / cell.folder / f"r{rep}-p{i:03d}"
-                    records[n] += run_cell(cell, spec, target, chunk, folder, profile, warmup=rep == i == 0)
-        for cell, recs in zip(level, records, strict=True):
+        runs = [cell_run(c, spec, target, prompts, out / "cells" / c.folder / "run", profile) for c in level]
+        execute_together(runs)
+        for cell in level:
+            recs = read_cell(out / "cells" / cell.folder)
             rows.append({"drafter": cell.drafter, "scheduler": cell.scheduler, "label": cell.label,
                          "concurrency": cell.concurrency, "options": cell.options,
                          **sweep_row(recs, spec.block_size), "folder": f"cells/{cell.folder}"})

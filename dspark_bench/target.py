@@ -4,7 +4,8 @@ A :class:`KVBatch` holds R requests in one cache. Columns of the cache are share
 boolean ``valid`` mask over the columns and its own next RoPE position. Prompts are left-padded; a verify block
 is right-padded to the longest block; after verification each row keeps a prefix of its block and the other
 columns become masked holes. Columns that are holes in *every* row are cropped from the tail, so with R = 1
-the cache is exactly as long as the committed sequence (rollback = crop). We build the 4-D attention mask
+the cache is exactly as long as the committed sequence (rollback = crop); :meth:`Target.compact` reclaims the
+holes and the columns of finished rows, so the width stays within the longest live row plus one block. We build the 4-D attention mask
 ourselves, so causality is by column order and padding/holes are excluded explicitly.
 
 Features handed to drafters (reference section 1.1): the outputs of chosen decoder layers (the raw residual
@@ -55,9 +56,10 @@ class Features:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Result of one target forward over a (padded) block for R rows.
+    """Result of one target forward for R rows.
 
-    logits: [R, L, V] next-token logits per block slot (padded slots hold garbage).
+    logits: [R, L, V] next-token logits per block slot (padded slots hold garbage); after a prefill L = 1, the
+    last prompt position only.
     features: per row, features of that row's real slots (``layers`` is empty when no taps were asked for).
     """
 
@@ -67,12 +69,16 @@ class StepOutput:
 
 @dataclass(eq=False)
 class KVBatch:
-    """Mutable batched cache state. ``valid``: [R, C] usable columns; ``next_pos``: [R] next RoPE position."""
+    """Mutable batched cache state. ``valid``: [R, C] usable columns; ``next_pos``: [R] next RoPE position;
+    ``lens``: per row, its number of valid columns, and ``ends``, one past its right-most valid column (both
+    kept on the host, so sizing the cache never syncs)."""
 
     cache: object
     valid: torch.Tensor
     next_pos: torch.Tensor
     block_lens: list[int] = field(default_factory=list)  # real slots in the last block, per row
+    lens: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # per row, 1 + its right-most valid column (host)
 
     @property
     def rows(self) -> int:
@@ -81,6 +87,16 @@ class KVBatch:
     @property
     def columns(self) -> int:
         return int(self.valid.shape[1])
+
+
+def to_device(values, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host values (a list, nested list or CPU tensor; lists become ``dtype``) as a tensor on ``device``. On CUDA
+    the copy goes through pinned memory without blocking, so moving a round's small tensors to the device never
+    synchronises the host with it."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if host.device.type != "cpu" or torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def default_cache_dir() -> Path:
@@ -201,44 +217,48 @@ class Target:
         )
 
     def prefill(self, prompts: list[list[int]], taps: tuple[int, ...] = ()) -> tuple[KVBatch, StepOutput]:
-        """Run left-padded prompts through a fresh cache. Logits/features are returned for every prompt slot."""
+        """Run left-padded prompts through a fresh cache. Logits at the last prompt position only ([R, 1, V]);
+        features of every prompt position, for the tapped layers only."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prefill needs at least one prompt and no empty prompt")
         batch = self.new_batch()
         width = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
-        real = torch.zeros(len(prompts), width, dtype=torch.bool, device=self.device)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p) :] = torch.tensor(p, device=self.device)
-            real[r, width - len(p) :] = True
+        ids = to_device([[0] * (width - len(p)) + list(p) for p in prompts], self.device)
+        real = torch.arange(width, device=self.device) >= to_device([width - len(p) for p in prompts],
+                                                                    self.device).unsqueeze(1)
         positions = (real.long().cumsum(1) - 1).clamp_min(0)
-        out = self._forward(batch, ids, real, positions, taps)
+        out = self._forward(batch, ids, real, positions, taps, last_only=True)
         batch.block_lens = [len(p) for p in prompts]
-        batch.next_pos = torch.tensor(batch.block_lens, device=self.device)
+        batch.lens = list(batch.block_lens)
+        batch.ends = [width] * len(prompts)
+        batch.next_pos = to_device(batch.block_lens, self.device)
         feats = [self._slice(f, width - n, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
         return batch, StepOutput(out.logits, feats)
 
-    def forward_block(self, batch: KVBatch, blocks: list[list[int]], taps: tuple[int, ...] = ()) -> StepOutput:
-        """Append one right-padded block per row ([current, x_1..x_k]) and return its logits/features."""
-        if len(blocks) != batch.rows or any(len(b) == 0 for b in blocks):
-            raise ValueError(f"need one non-empty block per row ({batch.rows} rows), got {len(blocks)}")
-        width = max(len(b) for b in blocks)
-        ids = torch.zeros(batch.rows, width, dtype=torch.long, device=self.device)
-        real = torch.zeros(batch.rows, width, dtype=torch.bool, device=self.device)
-        for r, b in enumerate(blocks):
-            ids[r, : len(b)] = torch.tensor(b, device=self.device)
-            real[r, : len(b)] = True
+    def forward_block(self, batch: KVBatch, ids: torch.Tensor, lengths: list[int],
+                      taps: tuple[int, ...] = ()) -> StepOutput:
+        """Append one right-padded block per row (``ids`` [R, L], row r real in its first ``lengths[r]`` slots:
+        ``[current, x_1..x_k]``) and return its logits/features."""
+        if ids.dim() != 2 or ids.shape[0] != batch.rows or len(lengths) != batch.rows or min(lengths, default=1) < 1:
+            raise ValueError(f"need one non-empty block per row ({batch.rows} rows), got ids {list(ids.shape)} "
+                             f"and lengths {lengths}")
+        width = int(ids.shape[1])
+        if max(lengths) > width:
+            raise ValueError(f"block lengths {lengths} exceed the block width {width}")
+        ids = ids.to(self.device)
+        real = torch.arange(width, device=self.device) < to_device(lengths, self.device).unsqueeze(1)
         positions = batch.next_pos.unsqueeze(1) + torch.arange(width, device=self.device)
         out = self._forward(batch, ids, real, positions, taps)
-        batch.block_lens = [len(b) for b in blocks]
+        batch.block_lens = list(lengths)
         feats = [self._slice(f, 0, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
         return StepOutput(out.logits, feats)
 
     def _slice(self, f: Features, start: int, n: int) -> Features:
         return Features(f.layers[start:], f.final[start:]).head(n)
 
-    def _forward(self, batch, ids, real, positions, taps) -> StepOutput:
-        """One forward of [R, L] new tokens against the cache with an explicit 4-D mask."""
+    def _forward(self, batch, ids, real, positions, taps, last_only: bool = False) -> StepOutput:
+        """One forward of [R, L] new tokens against the cache with an explicit 4-D mask. Tapped layers are read
+        with forward hooks (no other layer's states are kept); ``last_only``: logits of the last column only."""
         rows, width = ids.shape
         old = batch.columns
         valid = torch.cat([batch.valid, real], dim=1) if old else real  # [R, C+L]
@@ -248,21 +268,27 @@ class Target:
         allowed |= ~allowed.any(-1, keepdim=True)  # left-pad query rows: no fully masked row (NaN risk in CUDA SDPA)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        with torch.inference_mode():
-            out = self.model.model(
-                input_ids=ids,
-                attention_mask=mask.unsqueeze(1),
-                position_ids=positions,
-                use_cache=True,
-                output_hidden_states=bool(taps),
-                **{self._cache_kwarg: batch.cache},
-            )
-            final = out.last_hidden_state
-            logits = self.lm_head(final)
-        batch.valid = valid
         if taps:
             self._check_taps(taps)
-            layers = torch.stack([out.hidden_states[t + 1] for t in taps], dim=2)  # [R, L, n_taps, d]
+        tapped: dict[int, torch.Tensor] = {}
+        hooks = [self.model.model.layers[t].register_forward_hook(_keeper(tapped, t)) for t in dict.fromkeys(taps)]
+        try:
+            with torch.inference_mode():
+                out = self.model.model(
+                    input_ids=ids,
+                    attention_mask=mask.unsqueeze(1),
+                    position_ids=positions,
+                    use_cache=True,
+                    **{self._cache_kwarg: batch.cache},
+                )
+                final = out.last_hidden_state
+                logits = self.lm_head(final[:, -1:] if last_only else final)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        batch.valid = valid
+        if taps:
+            layers = torch.stack([tapped[t] for t in taps], dim=2)  # [R, L, n_taps, d]
         else:  # no tapped layers asked for: the final hidden state alone (what MTP conditions on)
             layers = final.new_zeros(rows, width, 0, final.shape[-1])
         return StepOutput(logits, [Features(layers[r], final[r]) for r in range(rows)])
@@ -290,44 +316,81 @@ class Target:
         for r, n in enumerate(counts):
             if not 0 <= n <= batch.block_lens[r]:
                 raise ValueError(f"row {r} keeps {n} slots of a {batch.block_lens[r]}-slot block")
-            batch.valid[r, start + n :] = False
-        batch.next_pos = batch.next_pos + torch.tensor(counts, device=self.device)
+        keep = to_device(counts, self.device)
+        batch.valid[:, start:] &= torch.arange(width, device=self.device) < keep.unsqueeze(1)
+        batch.next_pos = batch.next_pos + keep
+        batch.lens = [n + c for n, c in zip(batch.lens, counts, strict=True)]
+        batch.ends = [start + c if c else e for e, c in zip(batch.ends, counts, strict=True)]
         self._crop_dead_tail(batch)
 
     def _crop_dead_tail(self, batch: KVBatch) -> None:
-        alive = batch.valid.any(0).nonzero()
-        keep = int(alive[-1]) + 1 if len(alive) else 0
+        """Crop the columns that are holes in every row from the tail (host arithmetic on ``ends``, no sync)."""
+        keep = max(batch.ends, default=0)
         dead = batch.columns - keep
         if dead > 0:
             batch.cache.crop(-dead)
             batch.valid = batch.valid[:, :keep]
+
+    def compact(self, batch: KVBatch, slack: int) -> None:
+        """Reclaim holes when the cache is wider than the longest row plus ``slack`` columns: every row's valid
+        columns are moved, in order, to the right end of a cache exactly as wide as the longest row (RoPE
+        positions are per row and causality is by column order, so the attention result is unchanged)."""
+        width = max(batch.lens, default=0)
+        if batch.rows == 0 or batch.columns <= width + slack:
+            return
+        lens = to_device(batch.lens, self.device)
+        rank = batch.valid.long().cumsum(1) - 1 + (width - lens).unsqueeze(1)  # new column of each valid one
+        dest = torch.where(batch.valid, rank, torch.full_like(rank, width))  # holes go to a scratch column
+        index = torch.zeros(batch.rows, width + 1, dtype=torch.long, device=self.device)
+        index.scatter_(1, dest, torch.arange(batch.columns, device=self.device).expand_as(dest).contiguous())
+        index = index[:, :width]  # [R, width]: old column of each new one (0 on the left padding)
+        for layer in batch.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                gather = index.view(batch.rows, 1, width, 1).expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+        batch.valid = torch.arange(width, device=self.device) >= (width - lens).unsqueeze(1)
+        batch.ends = [width if n else 0 for n in batch.lens]
 
     def drop(self, batch: KVBatch, rows: list[int]) -> None:
         """Remove finished rows from the batch."""
         if not rows:
             return
         keep = [r for r in range(batch.rows) if r not in set(rows)]
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        index = to_device(keep, self.device)
         for layer in batch.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys, layer.values = layer.keys[index], layer.values[index]
         batch.valid = batch.valid[index]
         batch.next_pos = batch.next_pos[index]
         batch.block_lens = [batch.block_lens[r] for r in keep] if batch.block_lens else []
+        batch.lens = [batch.lens[r] for r in keep]
+        batch.ends = [batch.ends[r] for r in keep]
         self._crop_dead_tail(batch)
 
     def merge(self, batch: KVBatch, new: KVBatch) -> None:
         """Append the rows of ``new`` to ``batch`` (left-padding whichever has fewer columns)."""
         if batch.rows == 0:
             batch.cache, batch.valid, batch.next_pos = new.cache, new.valid, new.next_pos
+            batch.lens, batch.ends = list(new.lens), list(new.ends)
             return
-        width = max(batch.columns, new.columns)
+        width, batch_cols = max(batch.columns, new.columns), batch.columns
         for a, b in zip(batch.cache.layers, new.cache.layers, strict=True):
             a.keys = torch.cat([_left_pad(a.keys, width), _left_pad(b.keys, width)], dim=0)
             a.values = torch.cat([_left_pad(a.values, width), _left_pad(b.values, width)], dim=0)
         batch.valid = torch.cat([_left_pad_mask(batch.valid, width), _left_pad_mask(new.valid, width)], dim=0)
         batch.next_pos = torch.cat([batch.next_pos, new.next_pos])
         batch.block_lens = []
+        batch.lens = [*batch.lens, *new.lens]
+        batch.ends = [e + width - batch_cols for e in batch.ends] + [e + width - new.columns for e in new.ends]
+
+
+def _keeper(store: dict[int, torch.Tensor], layer: int):
+    """Forward hook that keeps decoder layer ``layer``'s output (the raw residual stream) in ``store``."""
+
+    def hook(module, args, output):
+        store[layer] = output[0] if isinstance(output, tuple) else output
+
+    return hook
 
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:  # [R, H, C, D] -> [R, H, width, D]

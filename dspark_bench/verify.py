@@ -1,27 +1,35 @@
-"""Acceptance math of speculative sampling: the only module that decides which draft tokens survive.
+"""Acceptance math of speculative sampling, batched over R requests: the only module that decides which draft
+tokens survive, and the one sampler every draw in the engine goes through.
 
 Notation, fixed once for the whole package (Leviathan et al. 2023; Chen et al. 2023 swap the letters):
 
-* ``p``: the **target** distribution, the law the output must follow. In a round that verifies ``k`` draft
-  tokens the target is run on ``[current, x_1..x_k]`` and ``p_j`` (j = 0..k) is its distribution for the token
-  after slot j, at the sampling temperature.
-* ``q``: the **draft** distribution. ``q_k`` is *exactly* the law draft token ``x_k`` was sampled from (same
-  temperature, dtype and Markov correction). ``q = None`` means a deterministic draft, i.e. a one-hot ``q``.
-* **accepted**: draft token ``x_k`` survives with probability ``min(1, p_{k-1}(x_k) / q_k(x_k))`` given that
-  ``x_1..x_{k-1}`` survived. ``A`` is the length of the leading run of survivors.
-* **recovered** token: at the first rejection (``A < k``) the target's token is drawn from
+* ``p``: the **target** distribution, the law the output must follow. In a round that verifies ``l_r`` draft
+  tokens of request r the target is run on ``[current, x_1..x_l]`` and ``p_j`` (j = 0..l) is its distribution
+  for the token after slot j, at the sampling temperature.
+* ``q``: the **draft** distribution. ``q_j`` is *exactly* the law draft token ``x_j`` was sampled from (same
+  temperature, dtype and Markov correction). ``q = None`` means deterministic drafts, i.e. one-hot ``q``.
+* **accepted**: draft token ``x_j`` survives with probability ``min(1, p_{j-1}(x_j) / q_j(x_j))`` given that
+  ``x_1..x_{j-1}`` survived. ``A`` is the length of the leading run of survivors (at most ``l``).
+* **recovered** token: at the first rejection (``A < l``) the target's token is drawn from
   ``normalize(max(0, p_A - q_{A+1}))``.
-* **bonus** token: when all ``k`` drafts survive the target's token is drawn from ``p_k``.
+* **bonus** token: when all ``l`` drafts survive the target's token is drawn from ``p_l``.
 * An **EOS among the accepted drafts** ends the request at that EOS, with no recovered or bonus token.
 
+Shapes: a round pads every request's block to the longest, ``k = max_r l_r``: ``p`` [R, k+1, V], ``draft``
+[R, k], ``q`` [R, k, V], ``lengths`` [R] (the l_r); slots at or beyond ``l_r`` are padding and never read as
+anything but padding. All of it stays on the device it came on; the result is three [R] tensors.
+
 Temperature applies to ``p`` and ``q`` alike through :func:`to_probs`; temperature 0 is the same code with
-one-hot distributions (greedy). Randomness comes only from the per-request ``torch.Generator`` passed in:
-each call draws ``k`` uniforms for the acceptance tests, then one uniform for the recovered/bonus token.
+one-hot distributions (greedy). Randomness is an argument (:class:`Draws`): the uniforms of the acceptance
+tests and of the recovered/bonus draw, which the engine computes from (request seed, position, purpose) with
+:mod:`dspark_bench.rng`. Every draw is by inverse CDF with one uniform (:func:`sample`), so a rule's output is
+a piecewise-constant function of its uniforms and the exact enumeration of :mod:`dspark_bench.stats.exact`
+integrates it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +41,7 @@ _RESIDUAL_EPS = 1e-12
 
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of verifying one request's block.
+    """Outcome of verifying one request's block (host values, what drafters' ``commit`` receives).
 
     accepted: number of leading draft tokens that survived (A).
     token: the recovered or bonus token the target contributes, or None when an accepted EOS ended the request.
@@ -50,6 +58,30 @@ class Verdict:
         return self.accepted + (self.token is not None)
 
 
+@dataclass(frozen=True)
+class Verdicts:
+    """Outcome of one round for R requests, on the device: accepted [R] long, token [R] long (-1 when an
+    accepted EOS ended the request), eos [R] bool."""
+
+    accepted: torch.Tensor
+    token: torch.Tensor
+    eos: torch.Tensor
+
+    def to_host(self) -> list[Verdict]:
+        """Per-request verdicts (one device-to-host copy)."""
+        rows = torch.stack([self.accepted, self.token, self.eos.long()], 1).tolist()
+        return [Verdict(a, None if e else t, bool(e)) for a, t, e in rows]
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The uniforms one round of verification consumes (float64 in [0, 1)): accept [R, k], u_j for the test of
+    x_j; token [R], the draw of the recovered or bonus token."""
+
+    accept: torch.Tensor
+    token: torch.Tensor
+
+
 def to_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Sampling distribution for ``logits`` (``[..., V]``) at ``temperature``, in float32.
 
@@ -63,78 +95,121 @@ def to_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token from ``probs`` (``[V]``, need not be normalised) by inverse CDF with one uniform."""
-    cdf = torch.cumsum(probs.double(), dim=0)
-    u = torch.rand((), generator=generator, dtype=torch.float64).to(probs.device) * cdf[-1]
-    idx = int(torch.searchsorted(cdf, u, right=True))
-    if idx >= probs.shape[0]:  # u rounded up to the total mass: take the last token with mass, never a zero one
-        idx = int(torch.nonzero(probs > 0)[-1])
-    return idx
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws: one token per row of ``probs`` ([..., V], need not be normalised) from the uniform
+    ``u`` ([...], float64), as a long tensor [...] on the same device. Never a token with zero mass: when ``u``
+    times the total rounds up to the total, the last token with mass is taken."""
+    cdf = torch.cumsum(probs.double(), dim=-1)  # [..., V]
+    total = cdf[..., -1:].contiguous()
+    idx = torch.searchsorted(cdf, (u.to(cdf.device).double().unsqueeze(-1) * total).contiguous(), right=True)
+    last = torch.searchsorted(cdf, total, right=False)  # the first index where the CDF reaches the total
+    return torch.minimum(idx, last).squeeze(-1)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The recovered-token law ``normalize(max(0, p - q))`` (``[V]`` each), falling back to ``p`` if empty."""
-    r = (p.double() - q.double()).clamp_min_(0.0)
-    mass = r.sum()
-    return p.double() / p.double().sum() if mass <= _RESIDUAL_EPS else r / mass
+    """The recovered-token law ``normalize(max(0, p - q))`` per row ([..., V] each, float64), falling back to
+    ``p`` (normalised) in a row whose residual mass is numerically empty."""
+    p = p.double()
+    r = (p - q.double()).clamp_min_(0.0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass <= _RESIDUAL_EPS, p / p.sum(-1, keepdim=True), r / mass.clamp_min(_RESIDUAL_EPS))
 
 
 def one_hot(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """One-hot rows (float32, ``[k, V]``) for a deterministic draft ``tokens`` (``[k]``)."""
-    out = torch.zeros(tokens.shape[0], vocab, dtype=torch.float32, device=tokens.device)
+    """One-hot rows (float32, ``[..., V]``) for deterministic drafts ``tokens`` (``[...]``)."""
+    out = torch.zeros(*tokens.shape, vocab, dtype=torch.float32, device=tokens.device)
     return out.scatter_(-1, tokens.long().unsqueeze(-1), 1.0)
 
 
 def acceptance_probs(
-    p: torch.Tensor,  # [k+1, V] target distributions
-    draft: torch.Tensor,  # [k] draft tokens
-    q: torch.Tensor,  # [k, V] draft distributions
+    p: torch.Tensor,  # [R, k+1, V] target distributions (only rows 0..k-1 are read)
+    draft: torch.Tensor,  # [R, k] draft tokens
+    q: torch.Tensor | None,  # [R, k, V] draft distributions, or None (one-hot)
 ) -> torch.Tensor:
-    """Probability that each draft token passes its test given the earlier ones did: min(1, p(x)/q(x)), [k]."""
+    """Probability that each draft token passes its test given the earlier ones did, min(1, p(x)/q(x)): [R, k]
+    float64."""
     idx = draft.long().unsqueeze(-1)
-    p_x = p[: draft.shape[0]].double().gather(-1, idx).squeeze(-1)
-    q_x = q.double().gather(-1, idx).squeeze(-1)
+    p_x = p[:, : draft.shape[1]].double().gather(-1, idx).squeeze(-1)
+    q_x = torch.ones_like(p_x) if q is None else q.double().gather(-1, idx).squeeze(-1)
     return torch.where(p_x >= q_x, torch.ones_like(p_x), p_x / q_x)
 
 
-def correction_law(p: torch.Tensor, q: torch.Tensor, accepted: int) -> torch.Tensor:
-    """Law of the target's own token after ``accepted`` survivors: residual at the first rejection, else p_k."""
-    k = q.shape[0]
-    return residual(p[accepted], q[accepted]) if accepted < k else p[k].double()
+def correction_law(
+    p: torch.Tensor,  # [R, k+1, V]
+    draft: torch.Tensor,  # [R, k]
+    q: torch.Tensor | None,  # [R, k, V] or None
+    accepted: torch.Tensor,  # [R] long, A
+    lengths: torch.Tensor,  # [R] long, l
+) -> torch.Tensor:
+    """Law [R, V] (float64) of the target's own token after ``accepted`` survivors: the residual at the first
+    rejection (A < l), else the bonus law p_l."""
+    rows, k = draft.shape
+    vocab = p.shape[-1]
+    at = accepted.view(rows, 1, 1).expand(rows, 1, vocab)
+    p_a = p.gather(1, at).squeeze(1).double()  # [R, V]
+    if k == 0:
+        return p_a
+    j = accepted.clamp(max=k - 1)
+    if q is None:
+        q_a = one_hot(draft.gather(1, j.view(rows, 1)).squeeze(1), vocab)
+    else:
+        q_a = q.gather(1, j.view(rows, 1, 1).expand(rows, 1, vocab)).squeeze(1)
+    rejected = (accepted < lengths).unsqueeze(-1)
+    return torch.where(rejected, residual(p_a, q_a), p_a)
+
+
+def check_shapes(p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None, lengths: torch.Tensor) -> None:
+    rows, k = draft.shape
+    if p.dim() != 3 or tuple(p.shape[:2]) != (rows, k + 1):
+        raise ValueError(f"p must be [R, k+1, V] = [{rows}, {k + 1}, V] for drafts [R, k] = [{rows}, {k}], "
+                         f"got {list(p.shape)}")
+    if q is not None and tuple(q.shape) != (rows, k, p.shape[-1]):
+        raise ValueError(f"q must be [R, k, V] = [{rows}, {k}, {p.shape[-1]}], got {list(q.shape)}")
+    if tuple(lengths.shape) != (rows,):
+        raise ValueError(f"lengths must be [R] = [{rows}], got {list(lengths.shape)}")
+
+
+def leading_accepts(passed: torch.Tensor) -> torch.Tensor:
+    """A [R]: length of the leading run of True in ``passed`` [R, k]."""
+    return passed.long().cumprod(1).sum(1)
+
+
+def eos_stop(draft: torch.Tensor, accepted: torch.Tensor, eos_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stop [R] bool, accepted [R]): an EOS among the accepted drafts ends the request at the first one."""
+    rows, k = draft.shape
+    if k == 0:
+        return torch.zeros(rows, dtype=torch.bool, device=draft.device), accepted
+    is_eos = torch.isin(draft, eos_ids.to(draft.device)) & (torch.arange(k, device=draft.device) < accepted[:, None])
+    stop = is_eos.any(1)
+    return stop, torch.where(stop, is_eos.long().argmax(1) + 1, accepted)
 
 
 def speculative_accept(
-    p: torch.Tensor,  # [k+1, V] target distributions for the slots after current, x_1..x_k
-    draft: torch.Tensor,  # [k] draft tokens x_1..x_k
-    q: torch.Tensor | None,  # [k, V] draft distributions, or None for a deterministic draft
-    generator: torch.Generator,
-    eos_ids: Collection[int] = (),
-) -> Verdict:
-    """Standard speculative sampling for one request (Leviathan et al. 2023, Algorithm 1).
+    p: torch.Tensor,  # [R, k+1, V] target distributions for the slots after current, x_1..x_k
+    draft: torch.Tensor,  # [R, k] draft tokens x_1..x_k (padding beyond lengths[r])
+    q: torch.Tensor | None,  # [R, k, V] draft distributions, or None for deterministic drafts
+    lengths: torch.Tensor,  # [R] verified draft tokens per request (l_r <= k)
+    draws: Draws,
+    eos_ids: torch.Tensor,  # [n] long
+) -> Verdicts:
+    """Standard speculative sampling (Leviathan et al. 2023, Algorithm 1) for all R requests at once.
 
-    Steps: (1) draw k uniforms and pass x_j when ``u_j < min(1, p_{j-1}(x_j) / q_j(x_j))``; (2) A = leading run
-    of passes; (3) an accepted EOS ends the request there; (4) otherwise draw the recovered token from the
-    residual at slot A, or the bonus token from ``p_k`` when A = k.
+    Steps: (1) x_j passes when ``u_j < min(1, p_{j-1}(x_j) / q_j(x_j))`` and j <= l; (2) A = leading run of
+    passes; (3) an accepted EOS ends the request there; (4) otherwise the recovered token from the residual at
+    slot A, or the bonus token from ``p_l`` when A = l, drawn with ``draws.token``.
     """
-    k = int(draft.shape[0])
-    if p.shape[0] != k + 1:
-        raise ValueError(f"p must have k+1 = {k + 1} rows for k = {k} draft tokens, got {p.shape[0]}")
-    if q is None:
-        q = one_hot(draft, p.shape[-1])
-    # 1. acceptance tests (float64).
-    u = torch.rand(k, generator=generator, dtype=torch.float64).to(p.device)
-    passed = u < acceptance_probs(p, draft, q)
-    # 2. leading run of accepted draft tokens.
-    accepted = int(torch.cumprod(passed.long(), 0).sum()) if k else 0
-    # 3. EOS among the accepted drafts: stop at the first one, no recovered/bonus token.
-    for j, tok in enumerate(draft[:accepted].tolist()):
-        if tok in eos_ids:
-            return Verdict(accepted=j + 1, token=None, eos=True)
-    # 4. recovered token at the first rejection, else the bonus token.
-    return Verdict(accepted=accepted, token=sample(correction_law(p, q, accepted), generator))
+    check_shapes(p, draft, q, lengths)
+    k = draft.shape[1]
+    live = torch.arange(k, device=draft.device) < lengths[:, None]  # [R, k]
+    passed = (draws.accept.to(p.device) < acceptance_probs(p, draft, q)) & live  # 1. tests (float64)
+    accepted = leading_accepts(passed)  # 2.
+    stop, accepted_eos = eos_stop(draft, accepted, eos_ids)  # 3.
+    token = sample(correction_law(p, draft, q, accepted, lengths), draws.token)  # 4.
+    return Verdicts(accepted_eos, torch.where(stop, torch.full_like(token, -1), token), stop)
 
 
-# An acceptance rule maps (p, draft, q, generator, eos_ids) to a Verdict. The engine takes one as an argument
+# An acceptance rule maps (p, draft, q, lengths, draws, eos_ids) to Verdicts. The engine takes one as an argument
 # so that the lossless battery can inject deliberately wrong rules (negative controls) through the same seam.
-AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Generator, Collection[int]], Verdict]
+AcceptRule = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, Draws, torch.Tensor], Verdicts
+]

@@ -166,7 +166,7 @@ def pack(data: dict, out: Path) -> None:
             (out / "train" / name / "train_log.jsonl.gz").write_bytes(
                 gzip.compress((src / "train_log.jsonl").read_bytes(), mtime=0))
     table = {name: {"variant": v["variant"], "G": v["G"], "eval": {k: v["summary"][k] for k in
-                    ("n_requests", "rounds", "tau", "tau_ci95", "positions", "histogram", "sequential_share")},
+                    ("n_requests", "rounds", "tau", "tau_ci95", "positions", "histogram", "markov_head_share")},
                     "train": v["train"], "dropped_records": v["dropped"]} for name, v in data["runs"].items()}
     write_json(out / "ablation.json", {"common_prompts": [list(p) for p in data["common"]], "runs": table})
     (out / "ablation.md").write_text(markdown(data))

@@ -78,7 +78,7 @@ def test_synthetic_drafter_hands_over_what_it_samples_and_markov_confidences():
     confidence = torch.arange(12, dtype=torch.float64).reshape(4, 3) / 12
     target = SyntheticTarget(chain)
     drafter = SyntheticDrafter(SyntheticDrafter.Config(chain, confidence), target)
-    slots = [Slot(0, [2], 1, torch.Generator().manual_seed(1)), Slot(1, [3], 1, torch.Generator().manual_seed(2))]
+    slots = [Slot(0, [2], 1, 1), Slot(1, [3], 1, 2)]
     proposal = drafter.propose(DraftContext(target, 1.0, 3, slots))
     probs = chain.probs(1.0).float()
     for r, slot in enumerate(slots):
@@ -91,14 +91,14 @@ def test_synthetic_target_keeps_a_cache_like_history():
     target = SyntheticTarget(MarkovChain.iid([0.5, 0.3, 0.2]), eos_ids=(2,))
     batch, out = target.prefill([[0, 1], [1]])
     assert out.logits.shape == (2, 2, 3) and len(out.features[0]) == 2
-    step = target.forward_block(batch, [[0, 1, 1], [2]])
+    step = target.forward_block(batch, torch.tensor([[0, 1, 1], [2, 0, 0]]), [3, 1])
     assert torch.equal(step.logits[0, 2], target.chain.logits[1].float())
     target.keep(batch, [2, 1])
     assert batch.history == [[0, 1, 0, 1], [1, 2]]
     target.drop(batch, [0])
     assert batch.history == [[1, 2]]
     with pytest.raises(ValueError, match="no hidden states"):
-        target.forward_block(batch, [[1]], taps=(0,))
+        target.forward_block(batch, torch.tensor([[1]]), [1], taps=(0,))
 
 
 def test_finalize_applies_holm_and_the_control_level():

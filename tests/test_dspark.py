@@ -36,10 +36,12 @@ def make(name, target, **options):
     return registry.create(name, target, options)
 
 
-def start_slot(drafter, target, tokens, rid=0, seed=0, temperature=1.0, block=7):
-    """A slot whose current token is tokens[-1]; the features of tokens[:-1] are delivered by ``begin``."""
+def start_slot(drafter, target, tokens, rid=0, seed=0, temperature=1.0, block=7, edit=None):
+    """A slot whose current token is tokens[-1]; the features of tokens[:-1] (changed by ``edit`` first, when
+    given) are delivered by ``begin``."""
     _, out = target.prefill([list(tokens[:-1])], drafter.feature_layers)
-    slot = Slot(rid, list(tokens), len(tokens) - 1, torch.Generator().manual_seed(seed), out.features[0])
+    features = out.features[0] if edit is None else edit(out.features[0])
+    slot = Slot(rid, list(tokens), len(tokens) - 1, seed, features)
     ctx = DraftContext(target, temperature, block, [slot])
     drafter.begin(ctx, [slot])
     return ctx
@@ -134,13 +136,25 @@ def test_inference_block_equals_training_block_and_grows_incrementally(qwen):
         drafter.commit(ctx, [slot], [])
         h_inf = drafter.block_hidden(ctx)[0]
     assert torch.allclose(h_inf, h_train, atol=1e-5)
-    ctx2 = start_slot(drafter, qwen, tokens[: p + 1])  # same context delivered at once, one position perturbed
-    f = ctx2.slots[0].state.pending[0]
-    bumped = f.layers.clone()
-    bumped[p - 1] += 1.0
-    ctx2.slots[0].state.pending[0] = Features(bumped, f.final)
+    def bump(f):
+        bumped = f.layers.clone()
+        bumped[p - 1] += 1.0
+        return Features(bumped, f.final)
+
+    ctx2 = start_slot(drafter, qwen, tokens[: p + 1], edit=bump)  # same context at once, one position perturbed
     with torch.inference_mode():
         assert not torch.allclose(drafter.block_hidden(ctx2)[0], h_inf, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_prompt_features_are_processed_in_begin(llama, name):
+    """The prompt's context K/V is built when the request joins (prefill, in TTFT, as for Eagle3 and MTP), not
+    in the first propose (decode)."""
+    drafter = make(name, llama)
+    tokens = random_prompts(1, seed=5)[0]
+    ctx = start_slot(drafter, llama, tokens)
+    state = ctx.slots[0].state
+    assert state.pending == [] and state.length == len(tokens) - 1
 
 
 def test_batched_blocks_equal_single_blocks(llama):
@@ -169,8 +183,10 @@ def test_markov_sampling_matches_teacher_forcing_and_uses_only_previous_token(ki
     g = torch.Generator().manual_seed(1)
     base, h, anchors = torch.randn(3, 5, 12, generator=g), torch.randn(3, 5, 8, generator=g), torch.tensor([1, 2, 3])
 
+    u = torch.rand(3, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
     def run(b, hh):
-        return sample_markov(b, hh, anchors, head, 1.0, [torch.Generator().manual_seed(i) for i in range(3)])
+        return sample_markov(b, hh, anchors, head, 1.0, u)
 
     with torch.no_grad():
         tokens, q, prev = run(base, h)
@@ -191,7 +207,7 @@ def test_markov_off_samples_from_the_backbone_alone():
     g = torch.Generator().manual_seed(3)
     base, h = torch.randn(2, 4, 9, generator=g), torch.randn(2, 4, 6, generator=g)
     tokens, q, prev = sample_markov(base, h, torch.tensor([0, 1]), None, 1.0,
-                                    [torch.Generator().manual_seed(i) for i in range(2)])
+                                    torch.rand(2, 4, generator=g, dtype=torch.float64))
     assert torch.equal(q, to_probs(base, 1.0)) and torch.equal(prev[:, 1:], tokens[:, :-1])
 
 
@@ -214,7 +230,7 @@ def test_q_is_the_distribution_tokens_were_sampled_from(llama, name):
             w.data.copy_(torch.randn(w.shape, generator=g) * 0.45)
     tokens = random_prompts(1, seed=7)[0]
     _, out = llama.prefill([tokens[:-1]], drafter.feature_layers)
-    slots = [Slot(i, list(tokens), len(tokens) - 1, torch.Generator().manual_seed(i), out.features[0]) for i in range(n)]
+    slots = [Slot(i, list(tokens), len(tokens) - 1, i, out.features[0]) for i in range(n)]
     ctx = DraftContext(llama, 1.0, 2, slots)
     drafter.begin(ctx, slots)
     prop = drafter.propose(ctx)
@@ -443,12 +459,18 @@ def test_greedy_output_equals_vanilla(request, trained, arch, name):
         assert _run(target, drafter, concurrency)[0] == reference
 
 
-def test_sampling_run_reports_confidence_and_sequential_time(trained, llama):
+def test_sampling_run_reports_confidence_and_split_times(trained, llama):
+    """Each round carries confidences and the Markov head's compute, timed apart from the drafter's other
+    forwards and from its sampling (the spans of dspark_bench.timing)."""
     _, results = _run(llama, trained["dspark"][0], 2, temperature=1.0)
     rounds = [r for res in results for r in res.rounds]
     assert all(r.confidence is not None and len(r.confidence) == r.proposed for r in rounds)
     assert all(0.0 <= c <= 1.0 for r in rounds for c in r.confidence)
-    assert all(r.sequential_s > 0 for r in rounds)
+    assert all(r.head_s > 0 and r.sample_s > 0 and r.draft_forward_s > r.head_s for r in rounds)
+    assert all(r.head_s + r.sample_s < r.draft_s for r in rounds)
+    off = make("dspark", llama, markov=False)
+    _, results = _run(llama, off, 2, temperature=1.0)
+    assert all(r.head_s == 0 and r.sample_s > 0 for res in results for r in res.rounds)
 
 
 @pytest.mark.parametrize("name", METHODS)

@@ -28,7 +28,7 @@ from dspark_bench.drafters.mtp import MTPDrafter
 from dspark_bench.drafters.registry import DrafterError
 from dspark_bench.engine import Engine, EngineConfig, Request
 from dspark_bench.train.types import TrainBatch
-from dspark_bench.verify import Verdict
+from dspark_bench.verify import Draws, Verdict, Verdicts, eos_stop, speculative_accept
 
 DRAFTERS = {"eagle3": Eagle3Drafter, "mtp": MTPDrafter}
 
@@ -245,7 +245,7 @@ def test_training_lowers_loss_and_raises_acceptance(targets, name, options):
 def started_slot(drafter, target, prompt, seed: int = 0) -> Slot:
     _, out = target.prefill([prompt], drafter.feature_layers)
     first = int(out.logits[0, -1].argmax())
-    slot = Slot(0, [*prompt, first], len(prompt), torch.Generator().manual_seed(seed), out.features[0])
+    slot = Slot(0, [*prompt, first], len(prompt), seed, out.features[0])
     drafter.begin(DraftContext(target, 1.0, 2), [slot])
     return slot
 
@@ -256,11 +256,10 @@ def test_q_is_the_sampled_distribution(targets, name):
     target = targets["llama"]
     drafter = make(name, target, **({"depth": 2} if name == "mtp" else {}))
     base = started_slot(drafter, target, random_prompts(1, seed=3)[0])
-    slots = [Slot(i, base.tokens, base.prompt_len, torch.Generator().manual_seed(i), state=base.state)
-             for i in range(500)]
-    ctx = DraftContext(target, 0.8, 2, slots)
     firsts, seconds, q1, q2 = [], {}, None, {}
-    for _ in range(6):
+    for rep in range(6):  # draws are keyed by seed: new seeds each time, so the 3000 draws are independent
+        slots = [Slot(i, base.tokens, base.prompt_len, 500 * rep + i, state=base.state) for i in range(500)]
+        ctx = DraftContext(target, 0.8, 2, slots)
         p = drafter.propose(ctx)
         assert torch.allclose(p.q[:, 0].sum(-1), torch.ones(1)) and (p.lengths >= 1).all()
         q1 = p.q[0, 0] if q1 is None else q1
@@ -288,15 +287,14 @@ def chi2_pvalue(draws: list[int], q: torch.Tensor) -> float:
 
 
 def random_rule(seed: int):
-    """An acceptance rule that accepts a random prefix (to exercise multi-token cache extension)."""
+    """A batched acceptance rule that accepts a random prefix (to exercise multi-token cache extension)."""
     rng = torch.Generator().manual_seed(seed)
 
-    def rule(p, draft, q, generator, eos_ids):
-        a = int(torch.randint(0, len(draft) + 1, (1,), generator=rng))
-        for j, tok in enumerate(draft[:a].tolist()):
-            if tok in eos_ids:
-                return Verdict(j + 1, None, eos=True)
-        return Verdict(a, int(p[a].argmax()))
+    def rule(p, draft, q, lengths, draws, eos_ids):
+        accepted = (torch.rand(lengths.shape, generator=rng) * (lengths + 1)).long().clamp(max=lengths)
+        stop, accepted = eos_stop(draft, accepted, eos_ids)
+        token = p.gather(1, accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])).squeeze(1).argmax(-1)
+        return Verdicts(accepted, torch.where(stop, torch.full_like(token, -1), token), stop)
 
     return rule
 
@@ -358,7 +356,9 @@ def test_greedy_output_equals_vanilla(targets, name, options, arch, concurrency)
     assert outputs["draft"] == outputs["none"]
 
 
-def test_eos_stops_the_chain(targets):
+def test_chain_drafts_through_eos_and_the_verifier_stops_there(targets):
+    """The chain proposes its whole block with no host sync to look for EOS; an accepted EOS ends the request
+    in the verifier, so nothing drafted after it is ever emitted."""
     target = targets["llama"]
     drafter = make("eagle3", target)
     slot = started_slot(drafter, target, random_prompts(1, seed=2)[0])
@@ -370,7 +370,13 @@ def test_eos_stops_the_chain(targets):
         p = drafter.propose(DraftContext(target, 1.0, 5, [slot]))
     finally:
         target.model.get_output_embeddings().bias = None
-    assert p.lengths.tolist() == [1] and p.tokens[0, 0].item() == TINY_EOS
+    assert p.lengths.tolist() == [5] and p.tokens[0, 0].item() == TINY_EOS
+    probs = torch.zeros(1, 6, target.vocab_size)
+    probs[..., TINY_EOS] = 1.0  # a target as sure of EOS as the drafter
+    v = speculative_accept(probs, p.tokens, p.q, p.lengths, Draws(torch.full((1, 5), 0.5, dtype=torch.float64),
+                                                                  torch.full((1,), 0.5, dtype=torch.float64)),
+                           torch.tensor([TINY_EOS]))
+    assert v.to_host() == [Verdict(1, None, eos=True)]
 
 
 # ---- configs and checkpoints ---------------------------------------------------------------------------------

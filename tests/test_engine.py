@@ -27,7 +27,7 @@ def _run(target, name, reqs, **cfg):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("name", ["none", "ngram"])
 def test_batched_equals_alone(arch, temperature, name):
-    """R = 4 gives each request the same output as running it alone (fp32, per-request generators)."""
+    """R = 4 gives each request the same output as running it alone (fp32, counter-based draws)."""
     target = tiny_target(arch)
     reqs = _requests(4)
     together = _run(target, name, reqs, max_new_tokens=40, temperature=temperature, concurrency=4)
@@ -112,10 +112,97 @@ def test_target_cache_rollback_matches_full_forward(tiny):
     """After keep() the cached continuation equals a fresh forward over the committed sequence."""
     prompt = random_prompts(1, seed=9)[0]
     batch, _ = tiny.prefill([prompt])
-    tiny.forward_block(batch, [[5, 6, 7, 8]])
+    tiny.forward_block(batch, torch.tensor([[5, 6, 7, 8]]), [4])
     tiny.keep(batch, [2])  # keep 5, 6; 7 and 8 are rolled back
-    out = tiny.forward_block(batch, [[9, 10]])
+    out = tiny.forward_block(batch, torch.tensor([[9, 10]]), [2])
     with torch.no_grad():
         ref = tiny.model(torch.tensor([prompt + [5, 6, 9, 10]])).logits[0, -2:]
     assert torch.allclose(out.logits[0, :2], ref, atol=1e-4)
     assert batch.columns == len(prompt) + 4
+
+
+def test_prefill_returns_last_logits_and_tapped_layers_only(tiny):
+    """Prefill: logits at the last prompt position only; features of the tapped layers only, equal to HF's
+    hidden states of those layers."""
+    prompts = random_prompts(2, seed=4)
+    batch, out = tiny.prefill(prompts, (1, 3))
+    assert out.logits.shape == (2, 1, tiny.vocab_size)
+    for r, p in enumerate(prompts):
+        with torch.no_grad():
+            ref = tiny.model(torch.tensor([p]), output_hidden_states=True)
+        assert torch.allclose(out.logits[r, 0], ref.logits[0, -1], atol=1e-4)
+        f = out.features[r]
+        assert f.layers.shape == (len(p), 2, tiny.hidden_size)
+        assert torch.allclose(f.layers[:, 0], ref.hidden_states[2][0], atol=1e-4)
+        assert torch.allclose(f.layers[:, 1], ref.hidden_states[4][0], atol=1e-4)
+    assert batch.lens == [len(p) for p in prompts]
+
+
+def test_compaction_keeps_the_cached_continuation(tiny):
+    """Holes reclaimed by compact() leave every row's next logits unchanged (RoPE positions are per row)."""
+    prompts = random_prompts(3, seed=12)
+    batch, _ = tiny.prefill(prompts)
+    tiny.forward_block(batch, torch.tensor([[5, 6, 7, 8]] * 3), [4, 4, 4])
+    tiny.keep(batch, [1, 3, 2])
+    ids, lengths = torch.tensor([[9, 10], [11, 12], [13, 14]]), [2, 2, 2]
+    import copy
+
+    twin = copy.deepcopy(batch)
+    tiny.compact(twin, 0)
+    assert twin.columns == max(twin.lens) < batch.columns
+    a, b = tiny.forward_block(batch, ids, lengths), tiny.forward_block(twin, ids, lengths)
+    assert torch.allclose(a.logits, b.logits, atol=1e-4)
+
+
+def test_cache_stays_within_longest_live_row_plus_a_block(tiny, monkeypatch):
+    """64 prompts at concurrency 4: after every compaction the cache is at most the longest live row plus one
+    block wide (block_size + 1 columns), and finished rows' columns do not accumulate."""
+    block = 4
+    seen = []
+    compact = type(tiny).compact
+
+    def watched(self, batch, slack):
+        compact(self, batch, slack)
+        seen.append((batch.columns, max(batch.lens, default=0), slack))
+
+    monkeypatch.setattr(type(tiny), "compact", watched)
+    reqs = [Request(i, tuple(p), 300 + i) for i, p in enumerate(random_prompts(64, seed=8))]
+    res = _run(tiny, "ngram", reqs, max_new_tokens=24, temperature=1.0, block_size=block, concurrency=4)
+    assert len(res) == 64 and all(r.status == "ok" for r in res.values())
+    assert len(seen) > 64 and all(slack == block + 1 for *_, slack in seen)
+    assert all(cols <= longest + block + 1 for cols, longest, _ in seen), max(c - n for c, n, _ in seen)
+    longest_ever = max(len(r.prompt_ids) for r in reqs) + 24
+    assert max(x.cache_columns for r in res.values() for x in r.rounds) <= longest_ever + block + 1
+
+
+ALL = tuple(drafters.names())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_outputs_do_not_depend_on_concurrency_or_admission_order(tiny, name):
+    """fp32, T = 1: the same prompts at concurrency 1 and 8, and in reverse order at concurrency 3, give every
+    request the same tokens (counter-based draws keyed by request seed, position and purpose)."""
+    reqs = _requests(8, seed=6)
+    drafter = drafters.create(name, tiny)
+
+    def outputs(order, concurrency):
+        results = []
+        config = EngineConfig(max_new_tokens=20, temperature=1.0, block_size=4, concurrency=concurrency)
+        Engine(tiny, drafter, config).run(order, results.append)
+        assert all(r.status == "ok" for r in results), [r.error for r in results]
+        return {r.request.request_id: r.output_ids for r in results}
+
+    alone = outputs(reqs, 1)
+    assert outputs(reqs, 8) == alone
+    assert outputs(reqs[::-1], 3) == alone
+    assert len(set(alone.values())) == len(reqs)  # distinct seeds, distinct samples
+
+
+def test_batch_is_held_while_the_queue_has_requests(tiny):
+    """Continuous batching: every round before the queue runs dry runs at the full concurrency."""
+    reqs = _requests(12, seed=2)
+    res = _run(tiny, "ngram", reqs, max_new_tokens=20, temperature=1.0, concurrency=4)
+    rounds = [x for r in res.values() for x in r.rounds]
+    queued = [x for x in rounds if x.waiting > 0]
+    assert queued and all(x.batch == 4 for x in queued)
+    assert any(x.batch < 4 for x in rounds if x.waiting == 0)  # the tail drains once nothing is left to admit

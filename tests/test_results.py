@@ -96,11 +96,11 @@ def test_crash_mid_run_keeps_written_records(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = target.forward_block
 
-    def flaky(batch, blocks, taps=()):
+    def flaky(batch, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 60:
             raise KeyboardInterrupt  # a crash that is not a per-request error
-        return real(batch, blocks, taps)
+        return real(batch, *args, **kwargs)
 
     monkeypatch.setattr(target, "forward_block", flaky)
     from dspark_bench.engine import Engine

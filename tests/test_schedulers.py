@@ -210,12 +210,13 @@ class MarkovConfidence(Drafter):
         rows, k = len(ctx.slots), ctx.block_size
         tokens, conf = torch.zeros(rows, k, dtype=torch.long), torch.zeros(rows, k)
         q = torch.zeros(rows, k, self.target.vocab_size)
+        u = ctx.draft_uniforms(k, "cpu")
         for r, slot in enumerate(ctx.slots):
             prev = slot.tokens[-1]
             for j in range(k):
                 q[r, j] = to_probs(self.logits[prev], ctx.temperature)
                 conf[r, j] = self.conf[prev]
-                prev = tokens[r, j] = sample(q[r, j], slot.generator)
+                prev = tokens[r, j] = int(sample(q[r, j], u[r, j]))
         return Proposal(tokens, torch.full((rows,), k), q, conf)
 
 
@@ -282,7 +283,7 @@ def test_sweep_writes_rows_and_the_simulation_replays_them(tmp_path, monkeypatch
     records = read_cell(tmp_path / "sweep" / "cells" / "ngram-conf__fixed__c2")
     assert len(records) == 3 and records[0].confidence is not None and {r.concurrency for r in records} == {2}
     assert sorted(p.name for p in (tmp_path / "sweep" / "cells" / "ngram-conf__fixed__c2").iterdir()) == [
-        "r0-p000", "r0-p001"]  # chunks of R = 2 prompts, every cell in turn
+        "run"]  # one run per cell: continuous batching over all prompts, the cells interleaved round by round
     check = sim.validate(tmp_path / "sweep", load_profile(profile), block_size=4)
     assert len(check["rows"]) == 4 and check["mean_abs_rel_error"]["tau"] is not None
     fixed = next(r for r in check["rows"] if r["label"] == "fixed" and r["concurrency"] == 2)

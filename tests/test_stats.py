@@ -22,7 +22,7 @@ from dspark_bench.stats.hypothesis import (
 )
 from dspark_bench.stats.power import effect_size, pooled, power, sample_size
 from dspark_bench.stats.synthetic import SyntheticDrafter, SyntheticTarget
-from dspark_bench.verify import Verdict, sample, speculative_accept
+from dspark_bench.verify import Verdict, Verdicts, sample, speculative_accept
 
 P = torch.tensor([0.5, 0.2, 0.2, 0.1], dtype=torch.float64)  # peers.md section 10
 Q = torch.tensor([0.15, 0.55, 0.2, 0.1], dtype=torch.float64)
@@ -97,7 +97,7 @@ def test_randomized_pit_hand_case():
 def test_randomized_pit_is_uniform_under_the_true_law():
     gen = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(4000, 6, generator=gen), -1)
-    tokens = torch.tensor([sample(row, gen) for row in probs])
+    tokens = sample(probs, torch.rand(4000, generator=gen, dtype=torch.float64))
     assert ks_uniform(randomized_pit(probs, tokens, gen))[1] > 0.01
     wrong = probs.roll(1, dims=-1)  # the PIT under another law is not uniform
     assert ks_uniform(randomized_pit(wrong, tokens, gen))[1] < 1e-6
@@ -185,8 +185,9 @@ def test_verdict_law_of_an_accepted_eos():
 
 
 def test_enumeration_refuses_unscripted_randomness():
-    def multinomial_rule(p, draft, q, generator, eos_ids=()):
-        return Verdict(0, int(torch.multinomial(p[0], 1, generator=generator)))
+    def multinomial_rule(p, draft, q, lengths, draws, eos_ids):
+        token = torch.multinomial(p[:, 0], 1).squeeze(1)
+        return Verdicts(torch.zeros_like(token), token, torch.zeros_like(token, dtype=torch.bool))
 
     with pytest.raises(exact.ExactError):
         exact.verdict_law(multinomial_rule, torch.full((1, 3), 1 / 3, dtype=torch.float64), torch.tensor([]), None)

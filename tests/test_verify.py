@@ -1,4 +1,5 @@
-"""The verifier: exact output law (enumerated, float64), greedy table, seeded determinism."""
+"""The batched verifier and sampler: exact output law (enumerated, float64, through the batched functions),
+greedy table (all rows in one batch), row independence, counter-based uniforms."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import itertools
 import pytest
 import torch
 
+from dspark_bench import rng
 from dspark_bench.verify import (
+    Draws,
     Verdict,
     acceptance_probs,
     correction_law,
@@ -44,7 +47,7 @@ def _round_outcomes(ctx, p_of, q_of, k, vocab, eos):
             continue
         p = torch.stack([p_of(ctx + draft[:j]) for j in range(k + 1)])
         q = torch.stack(q_rows)
-        alpha = acceptance_probs(p, torch.tensor(draft), q)
+        alpha = acceptance_probs(p[None], torch.tensor([draft]), q[None])[0]
         reach = 1.0
         for a in range(k + 1):
             p_a = reach * (1 - float(alpha[a])) if a < k else reach
@@ -56,7 +59,7 @@ def _round_outcomes(ctx, p_of, q_of, k, vocab, eos):
             if eos in head:  # accepted EOS ends the request, no correction token
                 out.append((p_draft * p_a, head[: head.index(eos) + 1]))
                 continue
-            law = correction_law(p, q, a)
+            law = correction_law(p[None], torch.tensor([draft]), q[None], torch.tensor([a]), torch.tensor([k]))[0]
             out.extend((p_draft * p_a * float(law[y]), (*head, y)) for y in range(vocab) if law[y] > 0)
     return out
 
@@ -118,8 +121,11 @@ def test_exact_law_with_deterministic_draft():
     p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]], dtype=torch.float64)
     for x in range(3):
         q = torch.nn.functional.one_hot(torch.tensor([x]), 3).double()
-        alpha = float(acceptance_probs(p, torch.tensor([x]), q)[0])
-        law = alpha * torch.nn.functional.one_hot(torch.tensor(x), 3).double() + (1 - alpha) * correction_law(p, q, 0)
+        alpha = float(acceptance_probs(p[None], torch.tensor([[x]]), None)[0, 0])
+        rest = correction_law(p[None], torch.tensor([[x]]), None, torch.tensor([0]), torch.tensor([1]))[0]
+        assert torch.allclose(rest, correction_law(p[None], torch.tensor([[x]]), q[None].float(), torch.tensor([0]),
+                                                   torch.tensor([1]))[0], atol=1e-7)
+        law = alpha * torch.nn.functional.one_hot(torch.tensor(x), 3).double() + (1 - alpha) * rest
         assert torch.allclose(law, p[0], atol=1e-12)
 
 
@@ -133,50 +139,94 @@ def _onehot(rows):
     return torch.nn.functional.one_hot(torch.tensor(rows), 6).float()
 
 
-@pytest.mark.parametrize(
-    "p_argmax, draft, eos, want",
-    [
-        ([1, 2, 3], [1, 2], (), Verdict(2, 3)),  # all accepted: bonus = argmax of the last row
-        ([1, 2, 3], [1, 4], (), Verdict(1, 2)),  # second rejected: recovered = target's argmax there
-        ([1, 2, 3], [5, 2], (), Verdict(0, 1)),  # first rejected
-        ([1, 0, 3], [1, 0], (0,), Verdict(2, None, eos=True)),  # accepted EOS ends without a bonus
-        ([0, 2, 3], [5, 2], (0,), Verdict(0, 0)),  # recovered EOS is emitted (the engine then stops)
-        ([4], [], (), Verdict(0, 4)),  # no draft: a plain greedy step
-    ],
-)
+GREEDY = [
+    ([1, 2, 3], [1, 2], (), Verdict(2, 3)),  # all accepted: bonus = argmax of the last row
+    ([1, 2, 3], [1, 4], (), Verdict(1, 2)),  # second rejected: recovered = target's argmax there
+    ([1, 2, 3], [5, 2], (), Verdict(0, 1)),  # first rejected
+    ([1, 0, 3], [1, 0], (0,), Verdict(2, None, eos=True)),  # accepted EOS ends without a bonus
+    ([0, 2, 3], [5, 2], (0,), Verdict(0, 0)),  # recovered EOS is emitted (the engine then stops)
+    ([4], [], (), Verdict(0, 4)),  # no draft: a plain greedy step
+]
+
+
+def _draws(rows, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Draws(torch.rand(rows, k, generator=g, dtype=torch.float64), torch.rand(rows, generator=g, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("p_argmax, draft, eos, want", GREEDY)
 def test_greedy_table(p_argmax, draft, eos, want):
-    p = to_probs(_onehot(p_argmax) * 5.0, 0.0)
-    got = speculative_accept(p, torch.tensor(draft, dtype=torch.long), None, torch.Generator().manual_seed(0), eos)
-    assert got == want
+    p = to_probs(_onehot(p_argmax) * 5.0, 0.0)[None]
+    got = speculative_accept(p, torch.tensor([draft], dtype=torch.long).reshape(1, -1), None,
+                             torch.tensor([len(draft)]), _draws(1, len(draft)), torch.tensor(eos, dtype=torch.long))
+    assert got.to_host() == [want]
 
 
-def test_temperature_zero_is_one_hot_and_scales():
-    logits = torch.tensor([[1.0, 3.0, 2.0]])
-    assert to_probs(logits, 0.0).tolist() == [[0.0, 1.0, 0.0]]
-    hot, cold = to_probs(logits, 2.0), to_probs(logits, 0.5)
-    assert cold[0, 1] > hot[0, 1] and torch.allclose(hot.sum(-1), torch.ones(1))
-    with pytest.raises(ValueError, match="temperature"):
-        to_probs(logits, -1.0)
+def test_greedy_table_as_one_padded_batch():
+    """Every row of the table in one call (blocks right-padded to the longest, per-row lengths): each row's
+    verdict is the one it gets alone, whatever sits in the padding."""
+    k = max(len(d) for _, d, _, _ in GREEDY)
+    p = torch.stack([to_probs(_onehot((a + [5] * k)[: k + 1]) * 5.0, 0.0) for a, _, _, _ in GREEDY])
+    draft = torch.tensor([(d + [3] * k)[:k] for _, d, _, _ in GREEDY])  # padding: token 3, never read
+    lengths = torch.tensor([len(d) for _, d, _, _ in GREEDY])
+    got = speculative_accept(p, draft, None, lengths, _draws(len(GREEDY), k), torch.tensor([0]))
+    assert got.to_host() == [w for _, _, _, w in GREEDY]  # EOS 0 changes no row whose own table has no EOS
 
 
-def test_seeded_determinism_and_seed_sensitivity():
-    g = torch.Generator().manual_seed(0)
-    p = torch.softmax(torch.randn(4, 50, generator=g), -1)
-    q = torch.softmax(torch.randn(3, 50, generator=g), -1)
-    draft = torch.tensor([sample(q[j], g) for j in range(3)])
-    runs = [speculative_accept(p, draft, q, torch.Generator().manual_seed(s), ()) for s in (7, 7, 8, 9, 10)]
-    assert runs[0] == runs[1]
-    assert len({(v.accepted, v.token) for v in runs[1:]}) > 1
+def test_rows_are_independent():
+    """R rows verified together give each row exactly its verdict alone (sampling, q given)."""
+    g = torch.Generator().manual_seed(4)
+    rows, k, vocab = 6, 4, 30
+    p = torch.softmax(torch.randn(rows, k + 1, vocab, generator=g), -1)
+    q = torch.softmax(torch.randn(rows, k, vocab, generator=g), -1)
+    draft = sample(q, torch.rand(rows, k, generator=g, dtype=torch.float64))
+    lengths = torch.tensor([4, 0, 2, 4, 1, 3])
+    draws = _draws(rows, k, seed=5)
+    eos = torch.tensor([7])
+    together = speculative_accept(p, draft, q, lengths, draws, eos).to_host()
+    for r in range(rows):
+        n = int(lengths[r])
+        alone = speculative_accept(p[r : r + 1, : n + 1], draft[r : r + 1, :n], q[r : r + 1, :n], lengths[r : r + 1],
+                                   Draws(draws.accept[r : r + 1, :n], draws.token[r : r + 1]), eos).to_host()
+        assert alone == [together[r]]
+    assert len({(v.accepted, v.token) for v in together}) > 1
+
+
+def test_uniforms_are_a_function_of_the_key():
+    seeds, pos = torch.tensor([5, 5, 6]), torch.tensor([[3, 4], [3, 4], [3, 4]])
+    u = rng.uniforms(seeds, pos, rng.DRAFT)
+    assert torch.equal(u, rng.uniforms(seeds, pos, rng.DRAFT))  # no state
+    assert torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])  # same seed, same draws; other seed, others
+    assert torch.equal(u[:1], rng.uniforms(seeds[:1], pos[:1], rng.DRAFT))  # independent of the batch
+    streams = [rng.uniforms(seeds, pos, purpose) for purpose in rng.PURPOSES]
+    assert all(not torch.equal(a, b) for i, a in enumerate(streams) for b in streams[i + 1 :])
+    with pytest.raises(ValueError, match="purpose"):
+        rng.uniforms(seeds, pos, 99)
+
+
+def test_uniforms_are_uniform_and_uncorrelated():
+    """Consecutive seeds and positions (how the engine keys them): the values pass a KS test, and neighbouring
+    positions are uncorrelated."""
+    from scipy.stats import kstest, pearsonr
+
+    u = rng.uniforms(torch.arange(100, 400), torch.arange(64).expand(300, 64), rng.ACCEPT)  # [300, 64]
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    assert kstest(u.flatten().numpy(), "uniform").pvalue > 1e-3
+    assert abs(pearsonr(u[:, :-1].flatten().numpy(), u[:, 1:].flatten().numpy())[0]) < 0.03
+    assert abs(pearsonr(u[:-1].flatten().numpy(), u[1:].flatten().numpy())[0]) < 0.03  # neighbouring seeds
 
 
 def test_sample_follows_probs_and_skips_zero_mass():
     probs = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
-    g = torch.Generator().manual_seed(3)
-    draws = torch.tensor([sample(probs, g) for _ in range(4000)])
-    assert set(draws.tolist()) <= {1, 3}
+    u = rng.uniforms(torch.arange(4000), torch.zeros(4000, dtype=torch.long), rng.TARGET)
+    draws = sample(probs.expand(4000, -1), u)
+    assert draws.shape == (4000,) and set(draws.tolist()) <= {1, 3}
     assert abs((draws == 3).float().mean().item() - 0.75) < 0.03
+    edge = sample(probs.expand(2, -1), torch.tensor([0.0, 1.0 - 1e-17], dtype=torch.float64))
+    assert edge.tolist() == [1, 3]  # u = 0 takes the first token with mass; u -> 1 the last one, never a zero
 
 
 def test_bad_shapes_rejected():
     with pytest.raises(ValueError, match="k\\+1"):
-        speculative_accept(torch.ones(2, 4) / 4, torch.tensor([1, 2]), None, torch.Generator(), ())
+        speculative_accept(torch.ones(1, 2, 4) / 4, torch.tensor([[1, 2]]), None, torch.tensor([2]), _draws(1, 2),
+                           torch.tensor([0]))

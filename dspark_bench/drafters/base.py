@@ -24,6 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from dspark_bench import rng
+from dspark_bench.timing import Timer
+from dspark_bench.verify import sample
+
 if TYPE_CHECKING:
     from dspark_bench.target import Features, Target
     from dspark_bench.verify import Verdict
@@ -36,7 +40,7 @@ class Slot:
     request_id: int
     tokens: list[int]  # prompt + committed output; tokens[-1] is the current token (its target KV is not cached)
     prompt_len: int
-    generator: torch.Generator  # the request's only source of randomness (drafting and verification)
+    seed: int  # keys every draw of the request: (seed, position, purpose), see dspark_bench.rng
     new_features: Features | None = None  # see the module docstring
     state: Any = None  # drafter-owned
 
@@ -54,6 +58,20 @@ class DraftContext:
     temperature: float
     block_size: int  # the most draft tokens one round may propose (gamma)
     slots: list[Slot] = field(default_factory=list)
+    timer: Timer = field(default_factory=Timer)  # spans "forward", "head", "sample" (see dspark_bench.timing)
+
+    def draft_uniforms(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """Uniforms [R, n] (float64) for draft tokens 1..n of every slot: key (seed, position + j, DRAFT)."""
+        from dspark_bench.target import to_device
+
+        device = device or self.target.device
+        seeds, start = to_device([[s.seed, s.position] for s in self.slots], device).reshape(-1, 2).T
+        return rng.uniforms(seeds, start[:, None] + torch.arange(1, n + 1, device=device), rng.DRAFT)
+
+    def sample(self, probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """The one batched sampler: tokens [...] from probs [..., V] with uniforms u [...], timed as "sample"."""
+        with self.timer.span("sample"):
+            return sample(probs, u)
 
 
 @dataclass(frozen=True)
@@ -64,14 +82,13 @@ class Proposal:
     lengths: [R] number of real draft tokens per request (0..k).
     q: [R, k, V] float32, the exact distribution each token was sampled from; None = deterministic drafts.
     confidence: [R, k] predicted conditional survival c_k (token k survives given 1..k-1 did), or None.
-    sequential_s: wall seconds the drafter spent in its sequential (token-by-token) stage, if any.
+    Tensors may live on the drafter's device (``tokens`` too); ``lengths`` is on the host.
     """
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     q: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
-    sequential_s: float = 0.0
 
     @staticmethod
     def empty(rows: int) -> Proposal:

@@ -8,7 +8,11 @@ Each request keeps a :class:`ContextCache`: the injected K/V of every draft laye
 2. right-pads the R contexts to a common width (padding masked out) and runs the R blocks
    ``[current token, mask x (G-1)]`` at positions ``p..p+G-1`` through the layers at once;
 3. hands the final-normed outputs h [R, G, d] to the method's ``draw`` (DFlash: independent sampling; DSpark:
-   the sequential Markov head), which samples with each request's own generator through ``verify.to_probs``.
+   the sequential Markov head), which samples through the engine's one batched sampler (``ctx.sample``) with
+   the requests' draft uniforms.
+
+The prompt's features are turned into K/V in ``begin``, so that prompt processing is part of the prefill (TTFT)
+for these drafters as for Eagle3 and MTP. Model compute is timed as the span "forward" (:mod:`..timing`).
 
 Weights: ``config.checkpoint`` (one of our folders, a DeepSeek-format folder, or a hub id ``org/name`` that
 is downloaded only because the user named it); otherwise the reference checkpoint shipped under
@@ -38,6 +42,7 @@ from dspark_bench.drafters.blockdraft import (
     target_arch,
 )
 from dspark_bench.drafters.registry import DrafterError
+from dspark_bench.target import to_device
 
 if TYPE_CHECKING:
     from dspark_bench.target import Features, Target
@@ -140,6 +145,8 @@ class BlockDrafter(Drafter):
             s.state = ContextCache()
             if s.new_features is not None:
                 s.state.pending.append(s.new_features)
+        with torch.inference_mode(), ctx.timer.span("forward"):
+            self._ingest(slots)  # the prompt's context K/V now: prompt processing belongs to the prefill
 
     def commit(self, ctx: DraftContext, slots: Sequence[Slot], verdicts: Sequence[Verdict]) -> None:
         for s in slots:
@@ -154,15 +161,16 @@ class BlockDrafter(Drafter):
         if not ctx.slots:
             return Proposal.empty(0)
         with torch.inference_mode():
-            return self.draw(ctx, self.block_hidden(ctx))
+            with ctx.timer.span("forward"):
+                h = self.block_hidden(ctx)
+            return self.draw(ctx, h)
 
     def block_hidden(self, ctx: DraftContext) -> torch.Tensor:
         """h [R, G, d] for the slots of ``ctx`` (G = ctx.block_size); updates their context caches."""
         slots, size, device = ctx.slots, ctx.block_size, self.model.fc.weight.device
         self._ingest(slots)
         kv, valid = self._context(slots)
-        anchors = torch.tensor([s.tokens[-1] for s in slots], device=device)
-        start = torch.tensor([s.position for s in slots], device=device)
+        anchors, start = to_device([[s.tokens[-1], s.position] for s in slots], device).T
         pos = start.unsqueeze(1) + torch.arange(size, device=device)  # [R, G]
         mask = None
         if valid is not None:  # contexts of different lengths: hide the right padding
@@ -177,7 +185,7 @@ class BlockDrafter(Drafter):
             start = s.state.length
             for f in s.state.pending:
                 feats.append(f.layers)
-                pos.append(torch.arange(start, start + len(f)))
+                pos.extend(range(start, start + len(f)))
                 start += len(f)
             counts.append(start - s.state.length)
             if start != s.position:
@@ -185,7 +193,7 @@ class BlockDrafter(Drafter):
                                    f"current token is at {s.position}; features were not delivered in order")
         if feats:
             device = self.model.fc.weight.device
-            kv = self.model.context_kv(torch.cat(feats).to(device).unsqueeze(0), torch.cat(pos).to(device).unsqueeze(0))
+            kv = self.model.context_kv(torch.cat(feats).to(device).unsqueeze(0), to_device(pos, device).unsqueeze(0))
             keys = torch.stack([k[0] for k, _ in kv])  # [layers, n_kv, N, hd]
             values = torch.stack([v[0] for _, v in kv])
             for s, k, v in zip(slots, keys.split(counts, dim=2), values.split(counts, dim=2), strict=True):
@@ -210,7 +218,7 @@ class BlockDrafter(Drafter):
         kv = [(keys[i], values[i]) for i in range(len(keys))]
         if all(c.length == width for c in caches):
             return kv, None
-        lengths = torch.tensor([c.length for c in caches], device=keys.device)
+        lengths = to_device([c.length for c in caches], keys.device)
         return kv, torch.arange(width, device=keys.device) < lengths.unsqueeze(1)
 
     def save(self, folder: str | Path) -> Path:

@@ -23,7 +23,7 @@ from dspark_bench.drafters.blockloss import (
 )
 from dspark_bench.drafters.registry import register
 from dspark_bench.train.types import LossOutput
-from dspark_bench.verify import sample, to_probs
+from dspark_bench.verify import to_probs
 
 if TYPE_CHECKING:
     from dspark_bench.target import Target
@@ -55,7 +55,9 @@ class DFlashDrafter(BlockDrafter):
         return {**super().arch_fields(config, target), "markov_rank": 0, "confidence_head": False}
 
     def draw(self, ctx: DraftContext, h: torch.Tensor) -> Proposal:
-        q = to_probs(self.model.base_logits(h), ctx.temperature)  # [R, G, V]
-        tokens = torch.tensor([[sample(q[r, k], s.generator) for k in range(q.shape[1])]
-                               for r, s in enumerate(ctx.slots)], dtype=torch.long)
+        with ctx.timer.span("forward"):
+            logits = self.model.base_logits(h)
+        with ctx.timer.span("sample"):
+            q = to_probs(logits, ctx.temperature)  # [R, G, V]
+        tokens = ctx.sample(q, ctx.draft_uniforms(q.shape[1], h.device))  # [R, G], one batched draw
         return Proposal(tokens, torch.full((len(ctx.slots),), q.shape[1], dtype=torch.long), q)

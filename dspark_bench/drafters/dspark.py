@@ -2,8 +2,8 @@
 
 * **Markov head** (``vanilla``): ``logits_k = U_k + E[x_{k-1}] P`` with ``E`` = ``markov_w1`` [V, r] and ``P`` =
   ``markov_w2`` (Linear r -> V, no bias); ``x_0`` is the anchor. At inference the block is sampled left to right:
-  ``q_k = to_probs(logits_k, T)`` and ``x_k ~ q_k`` with the request's generator, and exactly that ``q_k`` goes
-  to the verifier. In training ``x_{k-1}`` is the ground-truth token (teacher forcing, fully parallel).
+  ``q_k = to_probs(logits_k, T)`` and ``x_k ~ q_k`` for all requests at once with the engine's sampler and
+  the requests' draft uniforms, and exactly that ``q_k`` goes to the verifier. In training ``x_{k-1}`` is the ground-truth token (teacher forcing, fully parallel).
   Variants (``markov_head_type``): ``gated``, ``beta = P (sigmoid(W_g [h_k; e]) * e)``; ``rnn`` (paper eq. 6),
   ``s_k = sigmoid(g) s_{k-1} + (1 - sigmoid(g)) tanh(c)``, ``beta = P tanh(o)``, with ``(g, c, o)`` a linear map
   of ``[s_{k-1}; e; h_k]`` and ``s_0 = 0``. Here ``e = E[x_{k-1}]``.
@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,8 @@ from dspark_bench.drafters.blockloss import (
 )
 from dspark_bench.drafters.registry import DrafterError, register
 from dspark_bench.drafters.vocab import RowLinear
+from dspark_bench.target import to_device
+from dspark_bench.timing import Timer
 from dspark_bench.train.types import LossOutput
 from dspark_bench.verify import sample, to_probs
 
@@ -113,26 +114,32 @@ class ConfidenceHead(nn.Module):
 
 
 def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, head: MarkovHead | None,
-                  temperature: float, generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-to-right sampling of R blocks. base [R, G, V] fp32 logits U; h [R, G, d]; anchors [R]; head None:
-    no Markov term (each token from the backbone's logits alone, still sampled left to right).
+                  temperature: float, u: torch.Tensor,
+                  timer: Timer | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-to-right sampling of R blocks, batched over requests and on the device. base [R, G, V] fp32 logits U;
+    h [R, G, d]; anchors [R]; u [R, G] the draft uniforms (float64); head None: no Markov term (each token from
+    the backbone's logits alone, still sampled left to right). ``timer``: the head's compute is timed as
+    "head", the draws (:func:`verify.sample`, the engine's one sampler) as "sample".
 
-    Returns tokens [R, G] (CPU), q [R, G, V] (the law each token was drawn from) and prev [R, G] (x_{k-1}).
-    Token k depends on the backbone only through base[:, k] (and h[:, k] for gated/rnn) and on x_{k-1}.
+    Returns tokens [R, G], q [R, G, V] (the law each token was drawn from) and prev [R, G] (x_{k-1}), all on
+    ``base``'s device. Token k depends on the backbone only through base[:, k] (and h[:, k] for gated/rnn) and
+    on x_{k-1}.
     """
+    timer = timer or Timer(base.device)
     rows, size, _ = base.shape
-    tokens = torch.zeros(rows, size, dtype=torch.long)
+    tokens = torch.zeros(rows, size, dtype=torch.long, device=base.device)
     q = torch.empty(base.shape, dtype=torch.float32, device=base.device)
-    prev, prevs, state = anchors, [], None
+    prev, prevs, state = anchors.to(base.device), [], None
     for k in range(size):
         prevs.append(prev)
-        if head is None:
-            q[:, k] = to_probs(base[:, k], temperature)
-        else:
-            bias, state = head.step(h[:, k], prev, state)
-            q[:, k] = to_probs(base[:, k] + bias, temperature)
-        tokens[:, k] = torch.tensor([sample(q[r, k], g) for r, g in enumerate(generators)])
-        prev = tokens[:, k].to(base.device)
+        logits = base[:, k]
+        if head is not None:
+            with timer.span("head"):
+                bias, state = head.step(h[:, k], prev, state)
+                logits = logits + bias
+        with timer.span("sample"):
+            q[:, k] = to_probs(logits, temperature)
+            tokens[:, k] = prev = sample(q[:, k], u[:, k])
     return tokens, q, torch.stack(prevs, dim=1)
 
 
@@ -187,20 +194,15 @@ class DSparkDrafter(BlockDrafter):
                 "markov_head_type": config.markov_head_type, "confidence_head": True}
 
     def draw(self, ctx: DraftContext, h: torch.Tensor) -> Proposal:
-        """1. base logits U (parallel); 2. Markov sampling (sequential, timed); 3. confidences."""
-        base = self.model.base_logits(h)
-        anchors = torch.tensor([s.tokens[-1] for s in ctx.slots], device=h.device)
-        t0 = _clock(h.device)
+        """1. base logits U (parallel); 2. Markov sampling (sequential; head and draws timed apart); 3. confidences."""
+        with ctx.timer.span("forward"):
+            base = self.model.base_logits(h)
+        anchors = to_device([s.tokens[-1] for s in ctx.slots], h.device)
         head = self.model.markov_head if self.config.markov else None
-        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.temperature, [s.generator for s in ctx.slots])
-        sequential_s = _clock(h.device) - t0
-        logit = self.model.confidence_logit(h, prev)
-        confidence = None if logit is None else torch.sigmoid(logit.float())
+        u = ctx.draft_uniforms(base.shape[1], h.device)
+        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.temperature, u, ctx.timer)
+        with ctx.timer.span("forward"):
+            logit = self.model.confidence_logit(h, prev)
+            confidence = None if logit is None else torch.sigmoid(logit.float())
         lengths = torch.full((len(ctx.slots),), tokens.shape[1], dtype=torch.long)
-        return Proposal(tokens, lengths, q, confidence, sequential_s)
-
-
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+        return Proposal(tokens, lengths, q, confidence)

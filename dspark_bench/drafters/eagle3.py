@@ -12,11 +12,12 @@ Model (one decoder layer, width d = target hidden size):
 Inference is **chain drafting** (:class:`ChainDrafter`, shared with MTP): a per-request draft KV cache holds
 pairs (context hidden of position t, token y_{t+1}) at RoPE position t. Prefill fills it with the prompt's
 pairs; a round samples x_1 from the output hidden of the last cached position, then feeds (own output hidden,
-x_j) at the next position to get x_{j+1}, ``ctx.block_size`` times, stopping early at EOS. Those proposal
+x_j) at the next position to get x_{j+1}, ``ctx.block_size`` times (all rows in step; a row that drew an EOS
+keeps drafting, the verifier stops at an accepted EOS). Those proposal
 entries live only in a batch-local copy of the caches, so "crop back to the pre-proposal length" is free;
 commit then extends the per-request cache with the pairs of the newly committed positions (target features from
 ``slot.new_features``, tokens from ``slot.tokens``) in one causal forward. ``q`` is the exact ``to_probs``
-row each token was drawn from with ``verify.sample`` and the request's generator.
+row each token was drawn from with ``verify.sample`` and the requests' draft uniforms.
 
 Training: :meth:`Eagle3Model.loss`, the training-time test (TTT) over ``ttt_length`` steps (see there).
 """
@@ -44,6 +45,7 @@ from dspark_bench.drafters.layers import (
     stack_left,
 )
 from dspark_bench.drafters.registry import DrafterError, register
+from dspark_bench.target import to_device
 from dspark_bench.verify import sample, to_probs
 
 if TYPE_CHECKING:
@@ -277,10 +279,12 @@ class ChainDrafter(Drafter):
     def begin(self, ctx: DraftContext, slots: list[Slot]) -> None:
         for slot in slots:
             slot.state = ChainState()
-        self._extend(slots)
+        with ctx.timer.span("forward"):
+            self._extend(slots)
 
     def commit(self, ctx: DraftContext, slots: list[Slot], verdicts) -> None:
-        self._extend(slots)  # the proposal's entries were never stored: the cache is already "cropped"
+        with ctx.timer.span("forward"):
+            self._extend(slots)  # the proposal's entries were never stored: the cache is already "cropped"
 
     def end(self, ctx: DraftContext, slots: list[Slot]) -> None:
         for slot in slots:
@@ -300,14 +304,14 @@ class ChainDrafter(Drafter):
         width, device = max(m for _, m in rows), self.model.norm.weight.device
         past, valid = stack_left([slot.state.kv for slot, _ in rows], self._empty_kv())
         hidden = self.model.norm.weight.new_zeros(len(rows), width, self.model.spec.hidden_size)
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
         for r, (slot, m) in enumerate(rows):
-            f, start = slot.new_features.head(m), slot.state.length
+            f = slot.new_features.head(m)
             hidden[r, :m] = self.model.context(f.layers, f.final)
-            tokens[r, :m] = torch.tensor(slot.tokens[start + 1 : start + 1 + m])
-        starts = torch.tensor([slot.state.length for slot, _ in rows], device=device)
+        tokens = to_device([slot.tokens[slot.state.length + 1 : slot.state.length + 1 + m] + [0] * (width - m)
+                            for slot, m in rows], device)  # [rows, width], right-padded
+        starts = to_device([slot.state.length for slot, _ in rows], device)
         positions = starts.unsqueeze(1) + torch.arange(width, device=device)
-        out, (k, v) = self.model(hidden, tokens.to(device), positions, past, attention_mask(valid, width))
+        out, (k, v) = self.model(hidden, tokens, positions, past, attention_mask(valid, width))
         for r, (slot, m) in enumerate(rows):
             old = slot.state.kv or (self._empty_kv(), self._empty_kv())
             slot.state.kv = (torch.cat([old[0], k[r, :, :m]], 1), torch.cat([old[1], v[r, :, :m]], 1))
@@ -324,30 +328,33 @@ class ChainDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> Proposal:
+        """Chain drafting, batched over requests: each step one forward and one batched draw for all R rows.
+        Rows keep drafting past an EOS (no host sync to find it): the verifier stops at an accepted EOS, so the
+        tokens after it are never examined."""
         slots, steps = ctx.slots, self.max_steps(ctx)
         if not slots or steps < 1:
             return Proposal.empty(len(slots))
-        device, eos = self.model.norm.weight.device, self.target.eos_ids
+        device, timer = self.model.norm.weight.device, ctx.timer
         (keys, values), valid = stack_left([s.state.kv for s in slots], self._empty_kv())
         hidden = torch.stack([s.state.hidden for s in slots]).unsqueeze(1)  # [R, 1, d]
-        starts = torch.tensor([s.state.length for s in slots], device=device).unsqueeze(1)
-        tokens = torch.zeros(len(slots), steps, dtype=torch.long)
+        starts = to_device([s.state.length for s in slots], device).unsqueeze(1)
+        u = ctx.draft_uniforms(steps, device)  # [R, steps]
+        tokens = torch.zeros(len(slots), steps, dtype=torch.long, device=device)
         q = torch.zeros(len(slots), steps, self.target.vocab_size, device=device)
-        lengths, live = torch.zeros(len(slots), dtype=torch.long), set(range(len(slots)))
         for j in range(steps):
-            probs = to_probs(self.model.logits(hidden[:, -1]), ctx.temperature)  # [R, V]
-            for r in sorted(live):
-                tokens[r, j] = sample(probs[r], slots[r].generator)
-                q[r, j], lengths[r] = probs[r], j + 1
-                if int(tokens[r, j]) in eos:
-                    live.discard(r)
-            if not live or j == steps - 1:
+            with timer.span("forward"):
+                logits = self.model.logits(hidden[:, -1])
+            with timer.span("sample"):
+                q[:, j] = to_probs(logits, ctx.temperature)  # [R, V]
+                tokens[:, j] = sample(q[:, j], u[:, j])
+            if j == steps - 1:
                 break
-            step_mask = attention_mask(valid, 1)
-            hidden, (k, v) = self.model(hidden, tokens[:, j : j + 1].to(device), starts + j, (keys, values), step_mask)
-            keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
-            valid = torch.cat([valid, valid.new_ones(len(slots), 1)], 1)
-        return Proposal(tokens, lengths, q)
+            with timer.span("forward"):
+                step_mask = attention_mask(valid, 1)
+                hidden, (k, v) = self.model(hidden, tokens[:, j : j + 1], starts + j, (keys, values), step_mask)
+                keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+                valid = torch.cat([valid, valid.new_ones(len(slots), 1)], 1)
+        return Proposal(tokens, torch.full((len(slots),), steps, dtype=torch.long), q)
 
 
 def check_taps(taps: tuple[int, ...], num_layers: int) -> None:

@@ -24,7 +24,6 @@ None of these is registered in the user-facing drafter or scheduler registries.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -32,54 +31,60 @@ import torch
 from dspark_bench.drafters.base import DraftContext, Proposal
 from dspark_bench.schedulers import Scheduler
 from dspark_bench.stats.synthetic import DraftLaw, MarkovChain, SyntheticDrafter
-from dspark_bench.verify import Verdict, acceptance_probs, one_hot, sample
+from dspark_bench.verify import (
+    Draws,
+    Verdicts,
+    acceptance_probs,
+    check_shapes,
+    eos_stop,
+    leading_accepts,
+    sample,
+)
 
 APPENDIX_A_SPS = (1.0, 0.5, 0.45)  # steps/s at 1, 2, 3 batch tokens
 
 
-def _leading_accepts(p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None, generator) -> int:
-    """A of the standard tests ``u_k < min(1, p_{k-1}(x_k) / q_k(x_k))`` (k uniforms, as the verifier draws them)."""
-    k = int(draft.shape[0])
-    q = one_hot(draft, p.shape[-1]) if q is None else q
-    passed = torch.rand(k, generator=generator, dtype=torch.float64) < acceptance_probs(p, draft, q)
-    return int(torch.cumprod(passed.long(), 0).sum()) if k else 0
-
-
-def _eos_stop(draft: torch.Tensor, accepted: int, eos_ids: Collection[int]) -> Verdict | None:
-    for j, tok in enumerate(draft[:accepted].tolist()):
-        if tok in eos_ids:
-            return Verdict(j + 1, None, eos=True)
-    return None
+def _emit_from_p(p: torch.Tensor, draft: torch.Tensor, accepted: torch.Tensor, draws: Draws,
+                 eos_ids: torch.Tensor) -> Verdicts:
+    """Stop at an accepted EOS, else draw the target's token from ``p_A`` itself (the controls' shared BUG)."""
+    stop, accepted_eos = eos_stop(draft, accepted, eos_ids)
+    vocab = p.shape[-1]
+    p_a = p.gather(1, accepted.view(-1, 1, 1).expand(-1, 1, vocab)).squeeze(1)  # [R, V]
+    token = sample(p_a, draws.token)
+    return Verdicts(accepted_eos, torch.where(stop, torch.full_like(token, -1), token), stop)
 
 
 def resample_from_p(
-    p: torch.Tensor,  # [k+1, V]
-    draft: torch.Tensor,  # [k]
-    q: torch.Tensor | None,  # [k, V] or None
-    generator: torch.Generator,
-    eos_ids: Collection[int] = (),
-) -> Verdict:
+    p: torch.Tensor,  # [R, k+1, V]
+    draft: torch.Tensor,  # [R, k]
+    q: torch.Tensor | None,  # [R, k, V] or None
+    lengths: torch.Tensor,  # [R]
+    draws: Draws,
+    eos_ids: torch.Tensor,
+) -> Verdicts:
     """Control (a): standard acceptance, but the recovered token is drawn from ``p_A`` (BUG), not the residual."""
-    accepted = _leading_accepts(p, draft, q, generator)
-    stop = _eos_stop(draft, accepted, eos_ids)
-    return stop or Verdict(accepted, sample(p[accepted], generator))
+    check_shapes(p, draft, q, lengths)
+    live = torch.arange(draft.shape[1]) < lengths[:, None]
+    passed = (draws.accept < acceptance_probs(p, draft, q)) & live
+    return _emit_from_p(p, draft, leading_accepts(passed), draws, eos_ids)
 
 
 def exact_match_then_resample(
-    p: torch.Tensor,  # [k+1, V]
-    draft: torch.Tensor,  # [k]
-    q: torch.Tensor | None,  # [k, V] or None (ignored: exact match does not read q)
-    generator: torch.Generator,
-    eos_ids: Collection[int] = (),
-) -> Verdict:
-    """Control (c): the target samples its own token at each slot and accepts on equality; on a mismatch it
-    emits a fresh draw from ``p`` (BUG: emitting its own sample would be lossless)."""
-    for j, x in enumerate(draft.tolist()):
-        if sample(p[j], generator) != x:
-            return Verdict(j, sample(p[j], generator))
-        if x in eos_ids:
-            return Verdict(j + 1, None, eos=True)
-    return Verdict(len(draft), sample(p[len(draft)], generator))
+    p: torch.Tensor,  # [R, k+1, V]
+    draft: torch.Tensor,  # [R, k]
+    q: torch.Tensor | None,  # [R, k, V] or None (ignored: exact match does not read q)
+    lengths: torch.Tensor,  # [R]
+    draws: Draws,
+    eos_ids: torch.Tensor,
+) -> Verdicts:
+    """Control (c): the target samples its own token at each slot (with that slot's acceptance uniform) and
+    accepts on equality; on a mismatch it emits a fresh draw from ``p`` (BUG: emitting its own sample would be
+    lossless)."""
+    check_shapes(p, draft, q, lengths)
+    k = draft.shape[1]
+    own = sample(p[:, :k], draws.accept)  # [R, k]
+    passed = (own == draft) & (torch.arange(k) < lengths[:, None])
+    return _emit_from_p(p, draft, leading_accepts(passed), draws, eos_ids)
 
 
 class ArgmaxSoftmaxQ(SyntheticDrafter):

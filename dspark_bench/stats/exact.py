@@ -3,8 +3,10 @@
 Three nested enumerations give the law of the first ``m`` emitted tokens of a synthetic configuration
 (Markov target, Markov drafter, scheduler, acceptance rule):
 
-1. **uniforms** (:func:`verdict_law`): the acceptance rule is called as a black box, its ``torch.rand`` draws
-   served from a script (a ``TorchFunctionMode``). Each draw's interval [0, 1) is cut at every point where a
+1. **uniforms** (:func:`verdict_law`): the batched acceptance rule is called as a black box on one request,
+   its k + 1 uniforms (:class:`~dspark_bench.verify.Draws`: k acceptance tests, then the recovered/bonus draw)
+   served from a script; any other randomness is refused (a ``TorchFunctionMode``). Each draw's interval
+   [0, 1) is cut at every point where a
    rule built from threshold tests ``u < p/q`` and inverse-CDF draws from ``p``, ``q`` or the residual can
    change its mind: the ratios ``p_{j-1}(x_j) / q_j(x_j)`` (and inverses) and the CDFs of every ``p`` row,
    ``q`` row and residual. The rule runs once per cell (at its midpoint, later draws at a fixed filler);
@@ -35,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 from dspark_bench.drafters.base import DraftContext, Proposal, Slot
 from dspark_bench.schedulers import Scheduler
 from dspark_bench.stats.synthetic import SyntheticDrafter, SyntheticTarget
-from dspark_bench.verify import AcceptRule, Verdict, one_hot, residual
+from dspark_bench.verify import AcceptRule, Draws, Verdict, one_hot, residual
 
 _FILL = 0.6180339887498949  # value served for draws beyond the script (an arbitrary point, away from 0.5)
 _RANDOM = frozenset(
@@ -49,28 +51,14 @@ class ExactError(RuntimeError):
     """The rule used randomness the enumeration cannot script."""
 
 
-class _Tape(TorchFunctionMode):
-    """Serves ``torch.rand`` draws from ``script`` (then ``_FILL``) and counts them; refuses other randomness."""
-
-    def __init__(self, script: Sequence[float]):
-        super().__init__()
-        self.script, self.used = script, 0
+class _NoRandom(TorchFunctionMode):
+    """Refuses every torch randomness: a rule's only randomness is the uniforms it is handed."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.rand:
-            size = kwargs.get("size", args[0] if len(args) == 1 and not isinstance(args[0], int) else args)
-            shape = torch.Size(size)
-            values = [self._next() for _ in range(shape.numel())]
-            return torch.tensor(values, dtype=kwargs.get("dtype") or torch.get_default_dtype()).reshape(shape)
-        if "generator" in kwargs or getattr(func, "__name__", "") in _RANDOM:
-            raise ExactError(f"exact enumeration scripts torch.rand only; the rule called {func.__name__}")
+        if "generator" in kwargs or getattr(func, "__name__", "") in _RANDOM or func is torch.rand:
+            raise ExactError(f"exact enumeration scripts the rule's Draws only; the rule called {func.__name__}")
         return func(*args, **kwargs)
-
-    def _next(self) -> float:
-        value = self.script[self.used] if self.used < len(self.script) else _FILL
-        self.used += 1
-        return value
 
 
 def cut_points(p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None) -> tuple[float, ...]:
@@ -95,13 +83,18 @@ def verdict_law(
     q: torch.Tensor | None,  # [k, V] float64, or None
     eos_ids: Collection[int] = (),
 ) -> dict[Verdict, float]:
-    """Exact law of ``rule``'s verdict over its uniforms (see the module docstring, step 1)."""
-    generator, cuts = torch.Generator(), cut_points(p, draft, q)
+    """Exact law of ``rule``'s verdict over its uniforms (see the module docstring, step 1), through the batched
+    rule with one request."""
+    k, cuts = int(draft.shape[0]), cut_points(p, draft, q)
+    args = (p.unsqueeze(0), draft.long().unsqueeze(0), None if q is None else q.unsqueeze(0), torch.tensor([k]))
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
 
     def run(script: Sequence[float]) -> tuple[Verdict, int]:
-        with _Tape(script) as tape:
-            verdict = rule(p, draft, q, generator, eos_ids)
-        return verdict, tape.used
+        u = [*script, *[_FILL] * (k + 1 - len(script))]
+        draws = Draws(torch.tensor([u[:k]], dtype=torch.float64), torch.tensor([u[k]], dtype=torch.float64))
+        with _NoRandom():
+            verdict = rule(*args, draws, eos).to_host()[0]
+        return verdict, k + 1
 
     return _explore(run, (), (0.0, *cuts, 1.0))
 
@@ -192,7 +185,7 @@ def round_law(setting: Setting, context: int, cap: int, cache: dict[Hashable, di
     ``cache`` memoises verdict laws by (context, verified drafts); share it only between settings with the
     same target, drafter and rule.
     """
-    slot = Slot(0, [context], 0, torch.Generator())
+    slot = Slot(0, [context], 0, 0)
     ctx = DraftContext(setting.target, setting.temperature, setting.block_size, [slot])
     eos_ids = setting.target.eos_ids
     out: Law = {}

@@ -8,7 +8,7 @@
   it has no decoder layers to tap.
 * :class:`SyntheticDrafter`: a mismatched draft chain. Each draft token is produced as described by a
   :class:`DraftLaw` (sampled with :func:`~dspark_bench.verify.to_probs` + :func:`~dspark_bench.verify.sample`
-  and the slot's generator) and comes with a Markov-conditioned confidence ``c_j = confidence[x_{j-1}, j-1]``,
+  and the slots' draft uniforms) and comes with a Markov-conditioned confidence ``c_j = confidence[x_{j-1}, j-1]``,
   as a confidence head that reads the previous draft token would produce.
 
 The drafter is not registered: the battery builds it directly, and controls subclass it.
@@ -23,7 +23,7 @@ import torch
 
 from dspark_bench.drafters.base import DraftContext, Drafter, Proposal
 from dspark_bench.target import Features, StepOutput
-from dspark_bench.verify import sample, to_probs
+from dspark_bench.verify import to_probs
 
 
 def exact_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -115,8 +115,10 @@ class SyntheticTarget:
         batch = SyntheticBatch([list(p) for p in prompts], [[] for _ in prompts])
         return batch, StepOutput(self._logits(prompts, left_pad=True), self._features(prompts))
 
-    def forward_block(self, batch: SyntheticBatch, blocks: list[list[int]], taps: tuple[int, ...] = ()) -> StepOutput:
+    def forward_block(self, batch: SyntheticBatch, ids: torch.Tensor, lengths: list[int],
+                      taps: tuple[int, ...] = ()) -> StepOutput:
         self._no_taps(taps)
+        blocks = [row[:n] for row, n in zip(ids.tolist(), lengths, strict=True)]
         if len(blocks) != batch.rows or any(len(b) == 0 for b in blocks):
             raise ValueError(f"need one non-empty block per row ({batch.rows} rows), got {len(blocks)}")
         batch.blocks = [list(b) for b in blocks]
@@ -200,11 +202,11 @@ class SyntheticDrafter(Drafter):
         sampled, claimed = self._tables[ctx.temperature]
         prevs = torch.zeros(rows, k, dtype=torch.long)  # x_{j-1} for every draft position
         tokens = torch.zeros(rows, k, dtype=torch.long)
-        for r, slot in enumerate(ctx.slots):
-            prev = slot.tokens[-1]
-            for j in range(k):
-                prevs[r, j] = prev
-                prev = tokens[r, j] = sample(sampled[prev], slot.generator)
+        u = ctx.draft_uniforms(k, "cpu")  # [R, k]
+        prev = torch.tensor([slot.tokens[-1] for slot in ctx.slots], dtype=torch.long)
+        for j in range(k):  # left to right, all rows at once
+            prevs[:, j] = prev
+            prev = tokens[:, j] = ctx.sample(sampled[prev], u[:, j])
         confidence = self.config.confidence.float()[prevs, torch.arange(k)]
         q = None if claimed is None else claimed[prevs]
         return Proposal(tokens, torch.full((rows,), k, dtype=torch.long), q, confidence)
