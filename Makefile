@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run test lint bench gate gate-runs gate-baseline example-report clean vllm-setup vllm-test vllm-check
+.PHONY: setup run test lint bench gate gate-runs gate-baseline example-report clean vllm-setup vllm-test vllm-check vllm-ci
 
 setup: $(VENV)/.installed
 
@@ -100,6 +100,10 @@ vllm-check: vllm-test
 	$(VBIN)/dspark-bench report $(VLLM_DIR)/run -o $(VLLM_DIR)/report
 	$(VBIN)/dspark-bench baseline update $(VLLM_DIR)/run --root $(VLLM_DIR) --name baseline
 	$(VBIN)/dspark-bench gate --baseline $(VLLM_DIR)/baseline $(VLLM_DIR)/run
+	$(VLLM_ENV) $(VBIN)/dspark-bench check-lossless --engine vllm --mode fast --out $(VLLM_DIR)/lossless
+
+# CI: the vLLM tests (their small none/ngram run already goes through report and gate) and the fast lossless check.
+vllm-ci: vllm-test
 	$(VLLM_ENV) $(VBIN)/dspark-bench check-lossless --engine vllm --mode fast --out $(VLLM_DIR)/lossless
 
 clean:
