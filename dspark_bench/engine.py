@@ -220,8 +220,9 @@ class Session:
         width, device, (seeds, anchor, lens) = draft.shape[1], self.target.device, keys
         p = to_probs(logits[:, : width + 1], self.config.temperature)  # [R, k+1, V]
         q = None if proposal.q is None else to_device(proposal.q[:, :width], device)
-        draws = Draws(rng.uniforms(seeds, anchor[:, None] + torch.arange(1, width + 1, device=device), rng.ACCEPT),
-                      rng.uniforms(seeds, anchor, rng.TARGET))
+        offsets = torch.arange(width + 1, device=device).roll(-1)  # 1..k (the tests of x_1..x_k), then 0
+        u = rng.uniforms(seeds, anchor[:, None] + offsets, [rng.ACCEPT] * width + [rng.TARGET])  # [R, k+1]
+        draws = Draws(u[:, :width], u[:, width])
         v = self.engine.accept(p, draft, q, lens, draws, self.engine.eos)
         parts = [v.accepted.double(), v.token.double(), v.eos.double(), *draft.double().T]  # each [R]
         conf = proposal.confidence

@@ -17,6 +17,8 @@ streams disjoint:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 DRAFT, ACCEPT, TARGET = 1, 2, 3
@@ -46,15 +48,16 @@ def mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def uniforms(seeds: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
-    """Float64 uniforms in [0, 1), one per key: seeds [R] (int64) broadcast against positions [R, ...] (int64).
+def uniforms(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | Sequence[int]) -> torch.Tensor:
+    """Float64 uniforms in [0, 1), one per key: seeds [R] (int64) broadcast against positions [R, ...] (int64),
+    ``purpose`` one of ``PURPOSES`` or a list of them along the last dimension of ``positions``.
 
-    The key is hashed in three chained rounds (seed, then purpose, then position), so equal seeds with different
-    positions or purposes give unrelated values."""
-    if purpose not in PURPOSES:
-        raise ValueError(f"unknown purpose {purpose}; accepted: DRAFT={DRAFT}, ACCEPT={ACCEPT}, TARGET={TARGET}")
-    seeds = seeds.to(torch.int64)
+    The key is hashed in two chained rounds, the seed first, then (position, purpose) packed into one word
+    (4 position + purpose), so equal seeds with different positions or purposes give unrelated values."""
+    purposes = [purpose] if isinstance(purpose, int) else list(purpose)
+    if any(p not in PURPOSES for p in purposes):
+        raise ValueError(f"unknown purpose in {purposes}; accepted: DRAFT={DRAFT}, ACCEPT={ACCEPT}, TARGET={TARGET}")
+    tag = purposes[0] if len(purposes) == 1 else torch.tensor(purposes, dtype=torch.int64, device=positions.device)
     shape = (-1,) + (1,) * (positions.dim() - 1)
-    h = mix(mix(seeds) + purpose).reshape(shape)
-    h = mix(h ^ positions.to(torch.int64))
-    return _shr(h, 11).double() * (1.0 / (1 << 53))
+    h = mix(seeds.to(torch.int64)).reshape(shape)
+    return _shr(mix(h ^ (positions.to(torch.int64) * 4 + tag)), 11).double() * (1.0 / (1 << 53))

@@ -33,3 +33,20 @@ def test_run_holds_its_concurrency_and_interleaves_drafters(tmp_path, monkeypatc
     # side by side: the two drafters' results arrive interleaved, not one drafter's whole queue first
     order = [r.drafter for r in records]
     assert order[: len(order) // 2].count("ngram") >= 2 and order[len(order) // 2 :].count("none") >= 2
+
+
+def test_gate_and_metrics_import_no_model_code():
+    """The round's data types live in dspark_bench.rounds: results, metrics and gate import no engine, no
+    drafter, no transformers and not even torch (no import cycle through the engine)."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, dspark_bench.gate, dspark_bench.metrics, dspark_bench.results; "
+            "print(sorted(m for m in sys.modules if m.startswith(('dspark_bench.', 'transformers', 'torch'))))")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(root), "PATH": ""}).stdout
+    loaded = ast.literal_eval(out)  # the printed list of module names
+    assert loaded == ["dspark_bench.gate", "dspark_bench.metrics", "dspark_bench.results", "dspark_bench.rounds"]

@@ -200,6 +200,8 @@ def test_uniforms_are_a_function_of_the_key():
     assert torch.equal(u[:1], rng.uniforms(seeds[:1], pos[:1], rng.DRAFT))  # independent of the batch
     streams = [rng.uniforms(seeds, pos, purpose) for purpose in rng.PURPOSES]
     assert all(not torch.equal(a, b) for i, a in enumerate(streams) for b in streams[i + 1 :])
+    mixed = rng.uniforms(seeds, pos, [rng.ACCEPT, rng.TARGET])  # a purpose per column, as the engine asks
+    assert torch.equal(mixed[:, 0], streams[1][:, 0]) and torch.equal(mixed[:, 1], streams[2][:, 1])
     with pytest.raises(ValueError, match="purpose"):
         rng.uniforms(seeds, pos, 99)
 

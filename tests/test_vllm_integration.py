@@ -115,3 +115,31 @@ def test_greedy_speculation_reproduces_vllm_without_it_and_eagle3_export_loads(g
     # a misread layout (wrong taps, weights not loaded) drafts noise: greedy acceptance would be ~0
     accepted = sum(x[2] for x in by["eagle3"].rounds)
     assert accepted >= 0.1 * sum(x[1] for x in by["eagle3"].rounds)  # 0.21 measured on this prompt at 32 tokens
+
+
+def test_vllm_cpu_rejection_kernels_keep_the_target_law():
+    """vLLM's CPU (C++) rejection and recovery kernels, one deterministic draft token (draft probs one-hot, as for
+    ngram and greedy-drafted eagle3): the emitted token must follow p. Locates a lossy configuration: when this
+    passes, the loss is elsewhere in vLLM's pipeline."""
+    import torch
+    from scipy import stats
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU kernels are checked on the CPU build only")
+    current_platform.register_triton_kernel_overrides()
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    p, n, draft = torch.tensor([0.05, 0.30, 0.10, 0.25, 0.20, 0.10]), 100_000, 3
+    g = torch.Generator().manual_seed(0)
+    target, cu = p.repeat(n, 1).contiguous(), torch.arange(1, n + 1, dtype=torch.int64)
+    drafts, recovered = torch.full((n,), draft, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+    inv_q = torch.empty(n, len(p)).exponential_(generator=g).reciprocal()
+    cpu_tl._sample_recovered_tokens_kernel_impl(recovered, cu, drafts, None, target, inv_q, len(p), NO_DRAFT_PROBS=True)
+    out = torch.full((n, 2), -1, dtype=torch.int64)
+    cpu_tl._rejection_random_sample_kernel_impl(out, cu, drafts, None, target, torch.zeros(n, dtype=torch.int64),
+                                                recovered, torch.rand(n, generator=g, dtype=torch.float64),
+                                                torch.zeros(n, dtype=torch.bool), 1, len(p), NO_DRAFT_PROBS=True)
+    counts = torch.bincount(out[:, 0], minlength=len(p)).double().numpy()
+    law = (p.double() / p.double().sum()).numpy()
+    assert stats.chisquare(counts, law * n).pvalue > 1e-3
