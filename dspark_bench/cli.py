@@ -335,12 +335,15 @@ def list_() -> None:
 @click.option("--no-hf", is_flag=True, help="Skip the comparisons with HF generate().")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
 @click.option("--device", default=None, help="torch device (default: cuda when available, else cpu).")
+@click.option("--threads", default=None, type=int, help="torch threads (default: torch's own choice).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for bench.json.")
 @friendly
 def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size, concurrency, drafter_names,
-          drafter_opts, hf_batch, no_hf, dtype, device, out):
+          drafter_opts, hf_batch, no_hf, dtype, device, threads, out):
     """Engine overhead share, Markov-head share and our `none` vs HF generate() (c=1 and batched)."""
     import json
+
+    import torch
 
     from dspark_bench.bench import BENCH_JSON, BenchSpec, run_bench
     from dspark_bench.runner import build_requests
@@ -360,11 +363,15 @@ def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size
         raise click.BadParameter(str(exc)) from None
     if (Path(out) / BENCH_JSON).exists():
         raise click.BadParameter(f"{out} already holds a {BENCH_JSON}; choose another --out")
+    if threads:
+        torch.set_num_threads(threads)
     prompts = load_suite(suite, limit)
     tgt = Target.load(target, dtype=dtype, device=device)
     result = run_bench(tgt, build_requests(tgt, prompts, spec.seed), spec, parse_options(drafter_opts),
                        log=console.print)
     result["target"] = {"name": target, "dtype": dtype, "device": str(tgt.device)}
+    result["machine"] = {"torch_threads": torch.get_num_threads(),
+                         "cuda": torch.cuda.get_device_name(0) if tgt.device.type == "cuda" else None}
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / BENCH_JSON).write_text(json.dumps(result, indent=2) + "\n")
     table = Table(title=f"engine bench, {target} {dtype} on {tgt.device}, {len(prompts)} prompts x {repeats} "

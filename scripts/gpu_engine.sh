@@ -21,7 +21,7 @@ case "$MODE" in
   smoke)
     export OMP_NUM_THREADS=1
     ARGS=(--suite code --limit 2 --max-new-tokens 6 --repeats 1 --concurrency 1,2 --hf-batch 2 --dtype fp32
-          --device cpu)
+          --device cpu --threads 1)
     LIMIT=300 ;;
   *) echo "unknown mode $MODE: use full or smoke" >&2; exit 2 ;;
 esac
