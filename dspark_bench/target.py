@@ -271,7 +271,7 @@ class Target:
         if taps:
             self._check_taps(taps)
         tapped: dict[int, torch.Tensor] = {}
-        hooks = [self.model.model.layers[t].register_forward_hook(_keeper(tapped, t)) for t in dict.fromkeys(taps)]
+        hooks = [self._tap_module(t).register_forward_hook(_keeper(tapped, t)) for t in dict.fromkeys(taps)]
         try:
             with torch.inference_mode():
                 out = self.model.model(
@@ -292,6 +292,11 @@ class Target:
         else:  # no tapped layers asked for: the final hidden state alone (what MTP conditions on)
             layers = final.new_zeros(rows, width, 0, final.shape[-1])
         return StepOutput(logits, [Features(layers[r], final[r]) for r in range(rows)])
+
+    def _tap_module(self, tap: int) -> torch.nn.Module:
+        """The module whose output is tap ``tap``: the input embedding for -1 (``hidden_states[0]``; a plain
+        ``layers[-1]`` would be the last decoder layer), else decoder layer ``tap``."""
+        return self.model.get_input_embeddings() if tap == -1 else self.model.model.layers[tap]
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target logits from final hidden states (with Gemma-style soft-capping where configured)."""
