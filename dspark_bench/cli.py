@@ -11,7 +11,15 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dspark_bench.cli_common import OneLineErrors, console, friendly, parse_limit, parse_options, stdout
+from dspark_bench.cli_common import (
+    OneLineErrors,
+    battery_table,
+    console,
+    friendly,
+    parse_limit,
+    parse_options,
+    stdout,
+)
 
 DEFAULT_BLOCK_SIZE = 7
 
@@ -470,19 +478,15 @@ def check_lossless(target, drafter_list, scheduler_list, mode, seed, out, engine
             raise click.BadParameter("--scheduler is ours: vLLM verifies every drafted token")
         return check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt)
 
-    from dspark_bench.stats import HEADERS, render_rows, report_to_json, run_battery
+    from dspark_bench.stats import report_to_json, run_battery
 
     if engine_opt:
         raise click.BadParameter("--engine-opt configures vLLM: give it with --engine vllm")
     split = (lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None)  # noqa: E731
     report = run_battery(mode=mode, target=target, drafters=split(drafter_list), schedulers=split(scheduler_list),
                          seed=seed, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
-    table = Table(title=f"lossless battery ({mode}, {target}): real configurations must pass, controls must fail")
-    for col in HEADERS:
-        table.add_column(col)
-    for row in render_rows(report):
-        table.add_row(*row)
-    stdout.print(table)
+    stdout.print(battery_table(report, f"lossless battery ({mode}, {target}): real configurations must pass, "
+                                       "controls must fail"))
     folder = out or Path(f"results/lossless-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "lossless.json").write_text(json.dumps(report_to_json(report), indent=2) + "\n")

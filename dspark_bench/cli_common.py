@@ -82,3 +82,17 @@ def parse_options(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
             raise click.BadParameter(f"{item!r}: expected DRAFTER.OPTION=VALUE, e.g. ngram.max_ngram=4")
         opts.setdefault(name, {})[key] = value
     return opts
+
+
+def battery_table(report, title: str):
+    """The lossless battery's rows (:func:`dspark_bench.stats.render_rows`) as a rich table."""
+    from rich.table import Table
+
+    from dspark_bench.stats import HEADERS, render_rows
+
+    table = Table(title=title)
+    for col in HEADERS:
+        table.add_column(col)
+    for row in render_rows(report):
+        table.add_row(*row)
+    return table

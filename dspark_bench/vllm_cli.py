@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dspark_bench.cli_common import console, friendly, parse_limit, parse_options, stdout
+from dspark_bench.cli_common import battery_table, console, friendly, parse_limit, parse_options, stdout
 
 VLLM_DEFAULT_DRAFTERS = ("none", "ngram")
 
@@ -74,9 +74,7 @@ def check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt) -> No
     import json
     import sys
 
-    from rich.table import Table
-
-    from dspark_bench.stats import HEADERS, render_rows, report_to_json
+    from dspark_bench.stats import report_to_json
     from dspark_bench.target import resolve_target
     from dspark_bench.vllm_engine import (
         METHODS,
@@ -104,12 +102,7 @@ def check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt) -> No
     exports = with_shipped_exports(RunSpec(target=target, drafters=tuple(names)), folder).drafter_options
     report, evidence = run_vllm_battery(mode, target, names, seed, resolve_target(target), llm_opts,
                                         progress=lambda msg: console.print(f"[dim]{msg}[/]"), drafter_options=exports)
-    table = Table(title=f"vLLM lossless check ({mode}, {target}): every configuration must pass")
-    for col in HEADERS:
-        table.add_column(col)
-    for row in render_rows(report):
-        table.add_row(*row)
-    stdout.print(table)
+    stdout.print(battery_table(report, f"vLLM lossless check ({mode}, {target}): every configuration must pass"))
     folder.mkdir(parents=True, exist_ok=True)
     from dspark_bench.vllm_engine import vllm_version
 
