@@ -99,9 +99,8 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
         raise click.BadParameter("--engine-opt configures vLLM: give it with --engine vllm")
     from dspark_bench import drafters
     from dspark_bench.runner import Run, RunSpec, default_drafters
-    from dspark_bench.schedulers import scheduler_class
+    from dspark_bench.schedulers import parse_scheduler, scheduler_class
     from dspark_bench.suites import load_suite
-    from dspark_bench.sweep import parse_scheduler
     from dspark_bench.target import Target
 
     names = tuple(d.strip() for d in drafter_list.split(",") if d.strip()) if drafter_list else default_drafters(target)

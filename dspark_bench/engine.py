@@ -2,7 +2,9 @@
 
 Every method runs through :class:`Engine`: vanilla decoding is the drafter that proposes nothing. A round is
 
-1. **draft**: the drafter proposes a block for every active request (tokens and q stay on the device);
+1. **draft**: the drafter proposes a block for every active request (tokens and q stay on the device), unless
+   the scheduler's ``plan`` says from what is already known that no draft would pay this round: then the
+   drafter is skipped and every request verifies nothing (a vanilla decoding step);
 2. **schedule**: the scheduler picks each request's verify length (capped by its remaining token budget);
 3. **verify**: one target forward over ``[current, x_1..x_l]`` for all requests at once;
 4. **accept**: one vectorised acceptance step (:mod:`dspark_bench.verify`) for all R requests decides survivors
@@ -21,7 +23,8 @@ current token is at position n, use key (seed, n, TARGET); the test of draft x_j
 batch it shares, on the concurrency or on the admission order.
 
 Times (see :mod:`dspark_bench.rounds`): TTFT spans admission (prefill, first token, the drafter's ``begin``);
-a round's ``draft_s`` / ``verify_s`` / ``other_s`` split its wall time, and the drafter's forward, Markov-head
+a round's ``draft_s`` (plan and propose) / ``verify_s`` (the target's forward) / ``other_s`` (scheduling,
+acceptance, commit) split its wall time, and the drafter's forward, Markov-head
 and sampling spans are read from :class:`~dspark_bench.timing.Timer`.
 """
 
@@ -115,7 +118,8 @@ class Session:
         self.engine, self.queue, self.on_result = engine, queue, on_result
         self.target, self.drafter, self.config = engine.target, engine.drafter, engine.config
         self.timer = Timer(self.target.device)
-        self.ctx = DraftContext(self.target, self.config.temperature, self.config.block_size, timer=self.timer)
+        self.ctx = DraftContext(self.target, self.config.temperature, self.config.block_size, timer=self.timer,
+                                drafter=getattr(self.drafter, "name", ""))
         self.live: list[_Live] = []
         self.batch: KVBatch | None = None
 
@@ -180,10 +184,12 @@ class Session:
 
     def _round(self) -> None:
         ctx, live, timer, waiting = self.ctx, self.live, self.timer, len(self.queue)
+        scheduler = self.engine.scheduler
         t0 = timer.mark()
-        proposal = self.drafter.propose(ctx)  # 1. draft
+        proposal = self.drafter.propose(ctx) if scheduler.plan(ctx) else Proposal.empty(len(live))  # 1. draft
         t1 = timer.mark()
         lengths = self._verify_lengths(proposal)  # 2. schedule
+        ts = timer.mark()
         width = max(lengths)
         device = self.target.device
         draft = to_device(proposal.tokens[:, :width], device)  # [R, k]
@@ -194,6 +200,7 @@ class Session:
         out = self.target.forward_block(self.batch, ids, [n + 1 for n in lengths], self.engine.taps)  # 3. verify
         t2 = timer.mark()
         host = self._accept(out.logits, proposal, draft, (seeds, anchor, lens))  # 4. accept (+ one D2H copy)
+        scheduler.observe(ctx, lengths, [v.accepted for v in host.verdicts])
         self.target.keep(self.batch, [v.accepted + 1 for v in host.verdicts])  # 5. commit
         for r, (item, v) in enumerate(zip(live, host.verdicts, strict=True)):
             self._commit(item, host.drafts[r], v)
@@ -201,7 +208,7 @@ class Session:
         self.drafter.commit(ctx, ctx.slots, host.verdicts)
         self._compact()
         t3 = timer.mark()
-        self._record(proposal, lengths, host, (t0, t1, t2, t3), waiting)
+        self._record(proposal, lengths, host, (t0, t1, ts, t2, t3), waiting)
 
     def _verify_lengths(self, proposal: Proposal) -> list[int]:
         chosen = self.engine.scheduler.decide(proposal, self.ctx).tolist()
@@ -244,8 +251,9 @@ class Session:
 
     def _record(self, proposal: Proposal, lengths: list[int], host: _Host, marks, waiting: int) -> None:
         timer = self.timer
-        t0, t1, t2, t3 = marks
-        draft_s, verify_s, other_s = timer.seconds(t0, t1), timer.seconds(t1, t2), timer.seconds(t2, t3)
+        t0, t1, ts, t2, t3 = marks  # draft | schedule | verify forward | accept and commit
+        draft_s, verify_s = timer.seconds(t0, t1), timer.seconds(ts, t2)
+        other_s = timer.seconds(t1, ts) + timer.seconds(t2, t3)
         spans = timer.totals()
         proposed = proposal.lengths.tolist()
         for r, (item, v) in enumerate(zip(self.live, host.verdicts, strict=True)):

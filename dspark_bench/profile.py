@@ -1,12 +1,19 @@
-"""Engine profile: the target's forward steps per second, SPS(B), against B batch tokens, per context length.
+"""Engine profile: what a round costs on this machine, the cost model of the hardware-aware schedulers.
 
-The hardware-aware schedulers (paper Algorithm 1) weigh expected committed tokens against this table. It is
-measured once per machine (``dspark-bench profile``) and stored as ``profile.json``::
+Three parts, measured once per machine (``dspark-bench profile``) and stored as ``profile.json``:
 
-    {"target", "dtype", "device", "machine", "context_lengths": [...], "batch_tokens": [...],
-     "steps_per_s": [[...per batch_tokens...] per context length]}
+* **SPS(B)**: the target's forward steps per second against B batch tokens, per context length (the paper's
+  table, for the packed layout): ``context_lengths``, ``batch_tokens``, ``steps_per_s`` [context][B].
+* **verify grid** (``verify``, optional): seconds of one target forward of R rows x w tokens per row, per
+  context, the shape this engine really computes (blocks right-padded to the longest). A batch of R rows of
+  one token costs far more than one row of R tokens (R caches to attend over), so SPS(B) alone misprices
+  short verification at high concurrency.
+* **round costs** (optional): ``draft`` (per drafter: seconds of its ``propose`` for R requests at the
+  profile's ``block_size``) and ``overhead`` (the engine's non-forward seconds per round: sampling,
+  acceptance, bookkeeping), each a :class:`Curve` over R. They let a scheduler weigh the drafter's own
+  forward and decide not to draft at all.
 
-A table measured on another machine (a GPU) can be given instead; the file says where it was measured.
+A profile measured on another machine (a GPU) can be given instead; the file says where it was measured.
 
 **Measurement shape.** B tokens are laid out the way our engine verifies them: ``rows = ceil(B / width)``
 requests of ``ceil(B / rows)`` tokens each (``width`` = gamma + 1), each row with its own KV cache of the given
@@ -15,7 +22,7 @@ context length. ``batch_tokens`` records rows x tokens actually computed. Each p
 Timing noise (a shared machine) can make a bigger batch look faster, so the step times of each context are
 made non-decreasing in B by isotonic regression (pool adjacent violators) before they are stored.
 
-**Interpolation** (:meth:`Profile.sps`): in step time ``t = 1 / SPS``, piecewise linear in B, linear
+**Interpolation** (:meth:`Profile.sps`, :meth:`VerifyGrid.seconds`, :meth:`Curve.at`): in step time ``t = 1 / SPS``, piecewise linear in B, linear
 extrapolation beyond the largest measured B with the slope of the chord from about half the largest B to it
 (floored at 0: compute-bound growth), the first point's time below the smallest B; linear in context length,
 clamped to the measured range.
@@ -30,7 +37,7 @@ import platform
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,14 +45,89 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from dspark_bench.drafters.base import Drafter
     from dspark_bench.target import Target
 
 DEFAULT_BATCH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 48, 64, 96, 128)
 DEFAULT_CONTEXTS = (128, 512)
+DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)  # requests per round of the verify grid and the round costs
+DEFAULT_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8)  # tokens per row of the verify grid (current token + up to 7 drafts)
 
 
 class ProfileError(ValueError):
     """A profile file or table that cannot be used."""
+
+
+def _increasing(name: str, values: Sequence[int]) -> None:
+    if not values or list(values) != sorted(set(values)) or values[0] < 0:
+        raise ProfileError(f"{name} must be increasing non-negative integers, got {list(values)}")
+
+
+def _positive(name: str, values) -> None:
+    if any(not (v > 0 and math.isfinite(v)) for v in np.ravel(np.asarray(values, dtype=np.float64))):
+        raise ProfileError(f"{name} values must be positive and finite")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds per round against R requests: piecewise linear, linear past the last point with the chord slope
+    of :func:`_step_time`, the first point's value below the first R."""
+
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self):
+        _increasing("curve rows", self.rows)
+        if len(self.seconds) != len(self.rows):
+            raise ProfileError(f"a curve needs one value per row count, got {len(self.seconds)} for {len(self.rows)}")
+        if any(not (v >= 0 and math.isfinite(v)) for v in self.seconds):
+            raise ProfileError("curve seconds must be finite and >= 0")
+
+    def at(self, rows) -> np.ndarray:
+        return _step_time(np.asarray(rows, dtype=np.float64), np.asarray(self.rows, dtype=np.float64),
+                          np.asarray(self.seconds, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class VerifyGrid:
+    """Seconds of one target forward of R rows x w tokens (``seconds`` [context][rows][width]). Interpolated
+    piecewise linearly in w (chord-extrapolated past the widest), then in R (the same), then in context
+    (clamped to the measured range)."""
+
+    contexts: tuple[int, ...]
+    rows: tuple[int, ...]
+    widths: tuple[int, ...]
+    seconds: tuple[tuple[tuple[float, ...], ...], ...]
+
+    def __post_init__(self):
+        for name in ("contexts", "rows", "widths"):
+            _increasing(f"verify {name}", getattr(self, name))
+        shape = (len(self.contexts), len(self.rows), len(self.widths))
+        if np.asarray(self.seconds, dtype=np.float64).shape != shape:
+            raise ProfileError(f"verify seconds must be [contexts][rows][widths] = {list(shape)}")
+        _positive("verify seconds", self.seconds)
+
+    def seconds_at(self, rows, width, context: float | None = None) -> np.ndarray:
+        """Forward seconds at ``rows`` and ``width`` (scalars or arrays, broadcast together)."""
+        r, w = np.broadcast_arrays(np.asarray(rows, dtype=np.float64), np.asarray(width, dtype=np.float64))
+        grid_r, grid_w = np.asarray(self.rows, dtype=np.float64), np.asarray(self.widths, dtype=np.float64)
+        per_context = []
+        for table in np.asarray(self.seconds, dtype=np.float64):  # [rows][widths]
+            cols = np.stack([_step_time(r, grid_r, table[:, j]) for j in range(len(grid_w))], -1)  # [..., widths]
+            at = [_step_time(x, grid_w, col) for x, col in zip(w.ravel(), cols.reshape(-1, len(grid_w)), strict=True)]
+            per_context.append(np.asarray(at, dtype=np.float64).reshape(r.shape))
+        return _along_context(per_context, self.contexts, context)
+
+
+def _along_context(values: list[np.ndarray], contexts: Sequence[int], context: float | None) -> np.ndarray:
+    """Linear in context between the measured ones, clamped; None: the smallest context."""
+    ctx = np.asarray(contexts, dtype=np.float64)
+    if context is None or len(ctx) == 1:
+        return values[0]
+    at = float(np.clip(context, ctx[0], ctx[-1]))
+    hi = int(np.searchsorted(ctx, at).clip(1, len(ctx) - 1))
+    w = (at - ctx[hi - 1]) / (ctx[hi] - ctx[hi - 1])
+    return (1 - w) * values[hi - 1] + w * values[hi]
 
 
 @dataclass(frozen=True)
@@ -57,6 +139,10 @@ class Profile:
     context_lengths: tuple[int, ...]
     batch_tokens: tuple[int, ...]
     steps_per_s: tuple[tuple[float, ...], ...]  # [context][batch_tokens]
+    verify: VerifyGrid | None = None
+    draft: Mapping[str, Curve] = field(default_factory=dict)  # drafter name -> propose seconds vs R
+    overhead: Curve | None = None
+    block_size: int | None = None  # the proposal length the draft curves were measured at
 
     def __post_init__(self):
         b, c = self.batch_tokens, self.context_lengths
@@ -74,13 +160,23 @@ class Profile:
         b = np.asarray(batch_tokens, dtype=np.float64)
         grid = np.asarray(self.batch_tokens, dtype=np.float64)
         times = [_step_time(b, grid, 1.0 / np.asarray(row)) for row in self.steps_per_s]
-        ctx = np.asarray(self.context_lengths, dtype=np.float64)
-        if context is None or len(ctx) == 1:
-            return 1.0 / times[0]
-        at = float(np.clip(context, ctx[0], ctx[-1]))
-        hi = int(np.searchsorted(ctx, at).clip(1, len(ctx) - 1))
-        w = (at - ctx[hi - 1]) / (ctx[hi] - ctx[hi - 1])
-        return 1.0 / ((1 - w) * times[hi - 1] + w * times[hi])
+        return 1.0 / _along_context(times, self.context_lengths, context)
+
+    def verify_seconds(self, rows, width, context: float | None = None) -> np.ndarray:
+        """Seconds of a target forward of ``rows`` x ``width`` tokens: the verify grid when measured, else
+        1 / SPS(rows x width)."""
+        if self.verify is not None:
+            return self.verify.seconds_at(rows, width, context)
+        return 1.0 / self.sps(np.asarray(rows) * np.asarray(width), context)
+
+    def draft_seconds(self, drafter: str, rows) -> np.ndarray | None:
+        """Seconds of ``drafter``'s propose for ``rows`` requests, or None when the profile has no curve for it."""
+        curve = self.draft.get(drafter)
+        return None if curve is None else curve.at(rows)
+
+    def overhead_seconds(self, rows) -> np.ndarray:
+        """The engine's non-forward seconds per round (0 when not measured)."""
+        return np.zeros(np.shape(rows)) if self.overhead is None else self.overhead.at(rows)
 
 
 def _step_time(b: np.ndarray, grid: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -100,24 +196,51 @@ def table_profile(sps: Mapping[int, float], name: str = "table") -> Profile:
     return Profile(name, "-", "-", "synthetic", (0,), tuple(keys), (tuple(float(sps[k]) for k in keys),))
 
 
+_CORE = ("target", "dtype", "device", "machine", "context_lengths", "batch_tokens", "steps_per_s")
+
+
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"profile {path} not found; measure one with `dspark-bench profile --out {path}`")
     data = json.loads(path.read_text(encoding="utf-8"))
     names = {f.name for f in fields(Profile)}
-    if set(data) != names:
-        raise ProfileError(f"{path}: keys {sorted(data)}; expected exactly {sorted(names)}")
-    data["context_lengths"] = tuple(int(c) for c in data["context_lengths"])
-    data["batch_tokens"] = tuple(int(b) for b in data["batch_tokens"])
-    data["steps_per_s"] = tuple(tuple(float(v) for v in row) for row in data["steps_per_s"])
-    return Profile(**data)
+    if not set(_CORE) <= set(data) <= names:
+        raise ProfileError(f"{path}: keys {sorted(data)}; expected {sorted(_CORE)} and optionally "
+                           f"{sorted(names - set(_CORE))}")
+    try:
+        return profile_from_dict(data)
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+
+
+def profile_from_dict(data: Mapping) -> Profile:
+    """A :class:`Profile` from its JSON form (``save_profile``'s output)."""
+    verify, draft, overhead = data.get("verify"), data.get("draft") or {}, data.get("overhead")
+    return Profile(
+        str(data["target"]), str(data["dtype"]), str(data["device"]), str(data["machine"]),
+        tuple(int(c) for c in data["context_lengths"]), tuple(int(b) for b in data["batch_tokens"]),
+        tuple(tuple(float(v) for v in row) for row in data["steps_per_s"]),
+        verify=None if verify is None else VerifyGrid(
+            tuple(int(c) for c in verify["contexts"]), tuple(int(r) for r in verify["rows"]),
+            tuple(int(w) for w in verify["widths"]),
+            tuple(tuple(tuple(float(v) for v in row) for row in table) for table in verify["seconds"])),
+        draft={str(k): _curve(v) for k, v in draft.items()},
+        overhead=None if overhead is None else _curve(overhead),
+        block_size=None if data.get("block_size") is None else int(data["block_size"]),
+    )
+
+
+def _curve(data: Mapping) -> Curve:
+    return Curve(tuple(int(r) for r in data["rows"]), tuple(float(v) for v in data["seconds"]))
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(profile), indent=2) + "\n", encoding="utf-8")
+    data = asdict(profile)
+    data["draft"] = dict(data["draft"])
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 def machine_name(device: torch.device) -> str:
@@ -142,12 +265,32 @@ def measure_profile(target: Target, batch_tokens: Sequence[int] = DEFAULT_BATCH_
     shapes = sorted({layout(b, width) for b in batch_tokens}, key=lambda s: (-s[0], s[1]))
     table: list[dict[int, float]] = []
     for context in sorted(set(contexts)):
-        table.append(_measure_context(target, context, shapes, repeats, warmup, seed))
+        seconds = _measure_context(target, context, shapes, repeats, warmup, seed)
+        table.append({rows * tok: 1.0 / t for (rows, tok), t in seconds.items()})
     tokens = sorted(table[0])
     table = [dict(zip(tokens, 1.0 / isotonic(np.array([1.0 / row[b] for b in tokens])), strict=True)) for row in table]
     return Profile(target.name, str(target.dtype).removeprefix("torch."), str(target.device),
                    machine_name(target.device), tuple(sorted(set(contexts))), tuple(tokens),
                    tuple(tuple(row[b] for b in tokens) for row in table))
+
+
+def measure_verify_grid(target: Target, rows: Sequence[int] = DEFAULT_ROWS, widths: Sequence[int] = DEFAULT_WIDTHS,
+                        contexts: Sequence[int] = DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 1,
+                        seed: int = 0) -> VerifyGrid:
+    """Seconds of the target's block forward at every (context, rows, width), made non-decreasing in width
+    and then in rows (isotonic regression, as SPS(B))."""
+    if repeats < 1 or warmup < 0 or not rows or not widths or not contexts or min(rows) < 1 or min(widths) < 1:
+        raise ProfileError("need repeats >= 1, warmup >= 0 and non-empty positive rows, widths and contexts")
+    rows, widths, contexts = sorted(set(rows)), sorted(set(widths)), sorted(set(contexts))
+    shapes = [(r, w) for r in reversed(rows) for w in widths]
+    tables = []
+    for context in contexts:
+        seconds = _measure_context(target, context, shapes, repeats, warmup, seed)
+        t = np.array([[seconds[(r, w)] for w in widths] for r in rows])  # [rows, widths]
+        t = np.stack([isotonic(row) for row in t])
+        t = np.stack([isotonic(col) for col in t.T]).T
+        tables.append(tuple(tuple(float(v) for v in row) for row in t))
+    return VerifyGrid(tuple(contexts), tuple(rows), tuple(widths), tuple(tables))
 
 
 def isotonic(values: np.ndarray) -> np.ndarray:
@@ -161,21 +304,22 @@ def isotonic(values: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(int(n), m) for m, n in blocks])
 
 
-def _measure_context(target: Target, context: int, shapes: list[tuple[int, int]], repeats: int, warmup: int,
-                     seed: int) -> dict[int, float]:
-    """SPS per computed token count at one context; rows are dropped as the shapes shrink (largest first)."""
+def _measure_context(target: Target, context: int, shapes: Sequence[tuple[int, int]], repeats: int, warmup: int,
+                     seed: int) -> dict[tuple[int, int], float]:
+    """Median forward seconds per (rows, tokens) shape at one context; ``shapes`` come with rows non-increasing,
+    and rows are dropped from one prefilled batch as they shrink."""
     # 1. one prefill with the most rows any shape needs
     gen = torch.Generator().manual_seed(seed + context)
     rows = shapes[0][0]
     prompts = torch.randint(3, target.vocab_size, (rows, max(context, 1)), generator=gen).tolist()
     batch, _ = target.prefill(prompts)
-    out: dict[int, float] = {}
+    out: dict[tuple[int, int], float] = {}
     # 2. time each shape, rolling the cache back after every forward
     for n_rows, n_tok in shapes:
         if batch.rows > n_rows:
             target.drop(batch, list(range(n_rows, batch.rows)))
         times = [_timed_forward(target, batch, n_tok) for _ in range(warmup + repeats)][warmup:]
-        out[n_rows * n_tok] = 1.0 / statistics.median(times)
+        out[(n_rows, n_tok)] = statistics.median(times)
     return out
 
 
@@ -193,3 +337,49 @@ def _timed_forward(target: Target, batch, n_tok: int) -> float:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# ---- round costs: the drafter's propose and the engine's own overhead ----------------------------------------
+def measure_round_costs(target: Target, drafters: Mapping[str, Drafter], rows: Sequence[int] = DEFAULT_ROWS,
+                        block_size: int = 7, context: int = 128, rounds: int = 5, warmup: int = 1,
+                        seed: int = 0) -> tuple[dict[str, Curve], Curve]:
+    """Median seconds per round at each R, from real engine rounds over R random prompts of ``context`` tokens
+    (fixed verification of the whole block, every request in flight): each drafter's ``draft_s`` (its
+    ``propose``), and the engine overhead = ``draft_s + other_s`` of vanilla (``none``) rounds, i.e. the
+    round's time outside the target's forward. Acceptance over a wider block costs a little more than a
+    vanilla round's; that difference is left in the overhead curve's error."""
+    from dspark_bench import drafters as registry
+
+    if rounds < 1 or warmup < 0 or not rows or min(rows) < 1 or context < 1 or block_size < 1:
+        raise ProfileError("need rounds >= 1, warmup >= 0, positive rows, context and block size")
+    gen = torch.Generator().manual_seed(seed)
+    arms = {"none": registry.create("none", target), **drafters}
+    curves: dict[str, list[float]] = {name: [] for name in arms}
+    eos, target.eos_ids = target.eos_ids, frozenset()  # timed requests run their full length: no EOS ends one
+    try:
+        for r in sorted(set(rows)):
+            prompts = torch.randint(3, target.vocab_size, (r, context), generator=gen).tolist()
+            for name, drafter in arms.items():
+                stats = _engine_rounds(target, drafter, prompts, block_size, warmup + rounds)[warmup:]
+                if name == "none":
+                    curves[name].append(statistics.median(s.draft_s + s.other_s for s in stats))
+                else:
+                    curves[name].append(statistics.median(s.draft_s for s in stats))
+    finally:
+        target.eos_ids = eos
+    grid = tuple(sorted(set(rows)))
+    made = {name: Curve(grid, tuple(isotonic(np.array(v)).tolist())) for name, v in curves.items()}
+    return {k: v for k, v in made.items() if k != "none"}, made["none"]
+
+
+def _engine_rounds(target: Target, drafter: Drafter, prompts: list[list[int]], block_size: int, n: int) -> list:
+    """The first ``n`` rounds (:class:`~dspark_bench.rounds.RoundStats`) of one engine pass over ``prompts``, all
+    in flight at once (no EOS: the caller cleared the target's), cut short once they are done."""
+    from dspark_bench.engine import Engine, EngineConfig
+    from dspark_bench.rounds import Request
+
+    engine = Engine(target, drafter, EngineConfig(10 * n * (block_size + 1), 1.0, block_size, len(prompts)))
+    session = engine.session([Request(i, tuple(p), 1000 + i) for i, p in enumerate(prompts)], lambda result: None)
+    while session.step() and len(session.live[0].rounds) < n:
+        pass
+    return list(session.live[0].rounds)

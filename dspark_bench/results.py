@@ -211,27 +211,31 @@ MERGE_SAME = ("target", "drafters", "drafter_options", "scheduler", "scheduler_o
               "temperature", "block_size", "seed", "dtype", "repeats", "concurrency")
 
 
-def complete_chunks(manifest: dict[str, Any], records: list[RequestRecord]) -> list[dict[str, Any]]:
-    """The manifest's prompts that belong to complete chunks. The runner decodes ``concurrency`` consecutive prompts
-    at a time (a chunk), each drafter in turn, so a run stopped early holds, in its last chunk, the requests that
-    happened to finish first: keeping only chunks where every prompt has a record for every drafter and repeat
-    leaves no such bias."""
+def complete_prompts(manifest: dict[str, Any], records: list[RequestRecord]) -> list[dict[str, Any]]:
+    """The manifest's prompts up to (not including) the first one without a record for every drafter and
+    repeat. Every drafter's session admits the prompts in manifest order and keeps ``concurrency`` in flight
+    (continuous batching), so a run stopped early also holds records of requests admitted after a long one
+    that was still running: they are the quick finishers, and keeping them would bias the run toward short
+    outputs. The complete prefix leaves no such bias."""
     args = manifest["args"]
-    size, want = int(args.get("concurrency") or 1), len(args["drafters"]) * int(args.get("repeats") or 1)
+    want = len(args["drafters"]) * int(args.get("repeats") or 1)
     have: dict[tuple[str, str], int] = {}
     for r in records:
         have[(r.dataset, r.prompt_id)] = have.get((r.dataset, r.prompt_id), 0) + 1
-    prompts = manifest["prompts"]
-    chunks = [prompts[i:i + size] for i in range(0, len(prompts), size)]
-    return [p for c in chunks if all(have.get((p["dataset"], p["prompt_id"]), 0) >= want for p in c) for p in c]
+    kept = []
+    for p in manifest["prompts"]:
+        if have.get((p["dataset"], p["prompt_id"]), 0) < want:
+            break
+        kept.append(p)
+    return kept
 
 
 def merge_runs(parts: list[Path], out: Path, datasets: list[set[str] | None] | None = None) -> dict[str, Any]:
     """Join run folders that decoded disjoint prompts with the same settings (``run --skip`` extending a run) into
     one run folder: each prompt's records from the one part that contributes it, one manifest listing the parts, and a summary over all records
     (:func:`dspark_bench.metrics.summarize`). Returns the summary. A part that stopped early contributes its complete
-    chunks only (:func:`complete_chunks`); ``datasets[i]``, when given, keeps only those datasets of part i.
-    A part's records of prompts it does not contribute (left-out datasets, incomplete chunks, also when another
+    prompts only (:func:`complete_prompts`); ``datasets[i]``, when given, keeps only those datasets of part i.
+    A part's records of prompts it does not contribute (left-out datasets, an incomplete tail, also when another
     part decoded the same prompt) are dropped; what each part left out is counted in the manifest's ``parts``."""
     if len(parts) < 2:
         raise ResultsError(f"merge needs at least two run folders, got {len(parts)}")
@@ -274,12 +278,12 @@ def _check_same_settings(parts: list[Path], manifests: list[dict[str, Any]]) -> 
 
 def _selected(part: Path, manifest: dict[str, Any], records: list[RequestRecord],
               only: set[str] | None) -> list[dict[str, Any]]:
-    """The part's prompts that the merge takes: its complete chunks, of the datasets in ``only`` (None: all)."""
+    """The part's prompts that the merge takes: its complete prompts, of the datasets in ``only`` (None: all)."""
     unknown = sorted((only or set()) - {p["dataset"] for p in manifest["prompts"]})
     if unknown:
         raise ResultsError(f"{part} decoded no dataset {', '.join(unknown)}; it has "
                            f"{', '.join(dict.fromkeys(p['dataset'] for p in manifest['prompts']))}")
-    return [p for p in complete_chunks(manifest, records) if only is None or p["dataset"] in only]
+    return [p for p in complete_prompts(manifest, records) if only is None or p["dataset"] in only]
 
 
 def _owners(parts: list[Path], kept: list[list[dict[str, Any]]]) -> dict[tuple[str, str], Path]:

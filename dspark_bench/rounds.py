@@ -8,7 +8,8 @@ loads no model code).
 Time fields of a round (seconds, the round's shared wall time; see :mod:`dspark_bench.metrics` for the metrics
 built on them):
 
-* ``draft_s``: the drafter's ``propose`` (its forwards, its sampling, its bookkeeping);
+* ``draft_s``: the scheduler's ``plan`` and the drafter's ``propose`` (its forwards, its sampling, its
+  bookkeeping); near 0 in a round where the scheduler skipped the drafter (``proposed`` is 0 then);
 * ``verify_s``: the target's verify forward;
 * ``other_s``: everything else in the round (scheduling, acceptance, sampling the target's token, commit);
 * ``head_s``: the part of ``draft_s`` spent computing the Markov head (DSpark; 0 for other drafters);

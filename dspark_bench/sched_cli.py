@@ -5,6 +5,7 @@ Attached to the ``dspark-bench`` group by :mod:`dspark_bench.cli` (at its end, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -66,17 +67,64 @@ _threads_opt = click.option("--threads", default=None, type=int,
 @click.option("--contexts", default="128,512", show_default=True, help="Comma list of context lengths.")
 @click.option("--width", default=8, show_default=True, type=int, help="Tokens per request row (gamma + 1).")
 @click.option("--repeats", default=5, show_default=True, type=int)
+@click.option("--rows", default="1,2,4,8,16,32,64", show_default=True,
+              help="Requests per round of the verify grid and the round costs.")
+@click.option("--grid/--no-grid", default=True, show_default=True,
+              help="Also time R rows x w tokens (w = 1..width), the shape this engine verifies.")
+@click.option("--drafter", "drafter_list", default="",
+              help="Comma list of drafters whose propose to time per R (and the engine overhead), e.g. dspark.")
+@click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
+@click.option("--block-size", default=7, show_default=True, type=int, help="Proposal length of the drafter timings.")
 @click.option("--out", default="profile.json", show_default=True)
 @_threads_opt
 @_friendly
-def profile(target, dtype, max_batch_tokens, contexts, width, repeats, out, threads):
-    """Measure the target's forward steps per second vs batch tokens (the SPS table of the schedulers)."""
-    from dspark_bench.profile import DEFAULT_BATCH_TOKENS, measure_profile, save_profile
-
+def profile(target, dtype, max_batch_tokens, contexts, width, repeats, rows, grid, drafter_list, drafter_opt,
+            block_size, out, threads):
+    """Measure what a round costs: the target's steps/s vs batch tokens (SPS), the verify grid (rows x width)
+    and, with --drafter, each drafter's propose and the engine's overhead per R (the schedulers' cost model)."""
     _threads(threads)
-    grid = sorted({b for b in DEFAULT_BATCH_TOKENS if b <= max_batch_tokens} | {max_batch_tokens})
-    result = measure_profile(_load_target(target, dtype), grid, _ints(contexts), width, repeats)
+    tgt = _load_target(target, dtype)
+    result = measure_full_profile(tgt, max_batch_tokens, _ints(contexts), width, repeats, _ints(rows) if grid else (),
+                                  _names(drafter_list), _parse_options(drafter_opt), block_size)
+    from dspark_bench.profile import save_profile
+
     save_profile(result, out)
+    _print_profile(result)
+    stdout.print(f"written to {out}")
+
+
+def measure_full_profile(tgt, max_batch_tokens: int, contexts: tuple[int, ...], width: int, repeats: int,
+                         rows: tuple[int, ...], drafter_names: tuple[str, ...], drafter_options: dict,
+                         block_size: int):
+    """SPS table, the verify grid (when ``rows``) and the round costs of ``drafter_names`` (when any)."""
+    import dataclasses
+
+    from dspark_bench import drafters as registry
+    from dspark_bench.profile import (
+        DEFAULT_BATCH_TOKENS,
+        DEFAULT_ROWS,
+        measure_profile,
+        measure_round_costs,
+        measure_verify_grid,
+    )
+
+    unknown = sorted(set(drafter_options) - set(drafter_names))
+    if unknown:
+        raise click.BadParameter(f"--drafter-opt names {', '.join(unknown)}, not in --drafter "
+                                 f"({', '.join(drafter_names) or 'none given'})")
+    grid = sorted({b for b in DEFAULT_BATCH_TOKENS if b <= max_batch_tokens} | {max_batch_tokens})
+    result = measure_profile(tgt, grid, contexts, width, repeats)
+    if rows:
+        widths = tuple(range(1, width + 1))
+        result = dataclasses.replace(result, verify=measure_verify_grid(tgt, rows, widths, contexts, repeats))
+    if drafter_names:
+        made = {n: registry.create(n, tgt, drafter_options.get(n)) for n in drafter_names}
+        draft, overhead = measure_round_costs(tgt, made, rows or DEFAULT_ROWS, block_size, min(contexts))
+        result = dataclasses.replace(result, draft=draft, overhead=overhead, block_size=block_size)
+    return result
+
+
+def _print_profile(result) -> None:
     table = Table(title=f"steps/s, {result.target} {result.dtype} on {result.machine}")
     table.add_column("B", justify="right")
     for c in result.context_lengths:
@@ -84,7 +132,17 @@ def profile(target, dtype, max_batch_tokens, contexts, width, repeats, out, thre
     for i, b in enumerate(result.batch_tokens):
         table.add_row(str(b), *(f"{row[i]:.2f}" for row in result.steps_per_s))
     stdout.print(table)
-    stdout.print(f"written to {out}")
+    curves = {**{f"draft {k}": v for k, v in result.draft.items()},
+              **({"overhead": result.overhead} if result.overhead else {})}
+    if curves:
+        costs = Table(title=f"round costs, ms (block size {result.block_size})")
+        costs.add_column("R", justify="right")
+        for name in curves:
+            costs.add_column(name, justify="right")
+        rows = next(iter(curves.values())).rows
+        for i, r in enumerate(rows):
+            costs.add_row(str(r), *(f"{1000 * c.seconds[i]:.1f}" for c in curves.values()))
+        stdout.print(costs)
 
 
 @click.command()
@@ -116,10 +174,10 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
           threshold_sweep, thetas, baseline, suite, limit, max_new_tokens, temperature, block_size, seed, repeats,
           profile_path, out, threads):
     """Concurrency x scheduler sweep through the engine (same prompts and seeds in every cell)."""
-    from dspark_bench.profile import measure_profile, save_profile
-    from dspark_bench.schedulers import scheduler_class
+    from dspark_bench.profile import save_profile
+    from dspark_bench.schedulers import parse_scheduler, scheduler_class, split_schedulers
     from dspark_bench.suites import load_suite
-    from dspark_bench.sweep import SweepSpec, parse_scheduler, run_sweep, split_schedulers
+    from dspark_bench.sweep import SweepSpec, run_sweep
 
     _threads(threads)
     schedulers = split_schedulers(scheduler_list)
@@ -137,7 +195,8 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
     if profile_path is None:
         console.print("measuring the engine profile (pass --profile to reuse one) ...")
         profile_path = str(folder / "profile.json")
-        save_profile(measure_profile(tgt, contexts=(128, 512)), profile_path)
+        save_profile(measure_full_profile(tgt, 128, (128, 512), block_size + 1, 5, (1, 2, 4, 8, 16, 32, 64),
+                                          spec.drafters, spec.drafter_options, block_size), profile_path)
     prompts = load_suite(suite, spec.limit, seed)
     result = run_sweep(spec, tgt, prompts, folder, profile_path, on_cell=_print_cell)
     _print_rows(result["rows"])
@@ -234,14 +293,17 @@ def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_
 @click.option("--block-size", default=7, show_default=True, type=int)
 @click.option("--calibrate-clock/--no-calibrate-clock", default=True, show_default=True,
               help="Scale the profile's step times by the records' median measured/profiled verify time.")
+@click.option("--verify-model", default="grid", show_default=True, type=click.Choice(["grid", "sps"]),
+              help="Price a verify of R rows x w tokens from the profile's verify grid, or as 1 / SPS(R w) "
+                   "(the first simulation's model, kept to measure what the grid changes).")
 @click.option("--out", default="simulate.json", show_default=True)
 @_friendly
 def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler_opt, concurrency, layout, sweep_dirs,
-             block_size, calibrate_clock, out):
+             block_size, calibrate_clock, verify_model, out):
     """SIMULATED: replay recorded rounds against an SPS table up to high concurrency."""
     from dspark_bench import simulate as sim
     from dspark_bench.profile import load_profile
-    from dspark_bench.sweep import parse_scheduler, split_schedulers
+    from dspark_bench.schedulers import parse_scheduler, split_schedulers
 
     records = [r for d in _names(records_dirs) for r in _read_any(d) if r.scheduler == "fixed"]
     found = sorted({r.drafter for r in records})
@@ -255,14 +317,18 @@ def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler
                          f"{records_dirs} (found: {', '.join(found) or 'none'}): the replay needs full-verification "
                          "rounds")
     table, opts = load_profile(profile_path), _parse_options(scheduler_opt)
+    if verify_model == "sps":
+        table = dataclasses.replace(table, verify=None)
+    elif table.verify is None:
+        console.print(f"[yellow]{profile_path} has no verify grid: verifies are priced as 1 / SPS(R w)[/]")
     overhead, scale = sim.fit_overhead(records), sim.clock_scale(records, table, layout) if calibrate_clock else 1.0
     cells = [(name, {**opts.get(name, {}), **inline}) for name, inline in map(parse_scheduler,
                                                                                split_schedulers(scheduler_list))]
     rows = sim.project(sim.traces_from_records(records), table, cells, _ints(concurrency), layout, overhead,
-                       block_size, scale)
+                       block_size, scale, records[0].drafter)
     result = {"simulated": True, "note": sim.__doc__.split("\n\n")[0], "profile": profile_path,
-              "drafter": records[0].drafter,
-              "machine": table.machine, "layout": layout, "overhead": overhead, "clock_scale": scale,
+              "drafter": records[0].drafter, "machine": table.machine, "layout": layout,
+              "overhead": dataclasses.asdict(overhead), "clock_scale": scale, "verify_model": verify_model,
               "traces": len(records), "rows": rows}
     if sweep_dirs:
         checked = [row for d in _names(sweep_dirs) for row in sim.validate(d, table, layout, block_size)["rows"]]

@@ -10,16 +10,28 @@ Terms used by the confidence schedulers (paper section 3.2, reference section 4)
 * **survival** ``a_{r,j} = prod_{i<=j} c_{r,i}`` of the (calibrated) conditional confidences; non-increasing in j.
 * **candidates**: the pairs (r, j) with ``j <= lengths[r]`` and ``a_{r,j} > 0``, ranked by a descending, ties
   by request index then position, so a request's j always comes after its j-1.
-* **cost model**: with verify lengths l, ``E = sum_r (1 + sum_{j<=l_r} a_{r,j})`` expected committed tokens,
-  ``B`` batch tokens and ``Theta = E * SPS(B)``. ``layout="packed"`` (the paper's flattened variable-length
-  verify): ``B = sum_r (1 + l_r)``. ``layout="padded"`` (this engine: blocks are right-padded to the longest,
-  so the target computes ``B = R (1 + max_r l_r)``): the unit of admission is a whole column L, every request
-  verifying ``min(L, lengths[r])``, because slots inside the padded width cost nothing extra.
+* **cost model** (:mod:`dspark_bench.profile`): with verify lengths l, ``E = sum_r (1 + sum_{j<=l_r} a_{r,j})``
+  expected committed tokens and ``Theta = E / T``, T the round's seconds. The paper prices only the target:
+  ``T = 1 / SPS(B)``. With ``costs`` (default) and a profile that measured them, T also holds the drafter's
+  ``propose`` at R requests and the engine's own overhead: ``T = draft(R) + overhead(R) + verify``.
+  ``layout="packed"`` (the paper's flattened variable-length verify): ``verify = 1 / SPS(B)``,
+  ``B = sum_r (1 + l_r)``. ``layout="padded"`` (this engine: blocks are right-padded to the longest):
+  ``verify`` = the profile's forward seconds of R rows x (1 + L) tokens; the unit of admission is a whole
+  column L, every request verifying ``min(L, lengths[r])``, because slots inside the padded width cost nothing
+  extra.
+* **plan** (before the drafter runs) and **observe** (after verification): a scheduler may decide from what is
+  already known that no request's drafts would pay this round; the engine then skips the drafter's forward and
+  decodes one token per request, as vanilla decoding does. ``observe`` hands it each round's verified and
+  accepted counts. Neither looks at a draft token of the round it decides, so both keep the output lossless.
+* **measured survival**: ``h_j`` = the share of verified draft tokens at position j that survived given that
+  1..j-1 did, over the run's earlier rounds (a Beta prior of mean ``prior`` and weight 2 before any);
+  ``a_j = prod_{i<=j} h_i``. It stands in for the confidences of a drafter that predicts none, and it is what
+  ``plan`` weighs (the round's confidences do not exist before its drafts).
 * **calibration**: ``c_k <- sigmoid(logit(c_k) / T_k)`` with STS temperatures from a ``calibration.json``
   (:mod:`dspark_bench.calibration`), applied before anything else reads the confidences.
 
 Options reach a scheduler only through ``create_scheduler(name, **options)``; strings (from the CLI) are
-converted to the option's declared type. ``profile`` is a ``profile.json`` path or a :class:`Profile`; without
+converted to the option's declared type (``true``/``false`` for flags). ``profile`` is a ``profile.json`` path or a :class:`Profile`; without
 one, the first ``decide`` measures a small profile of ``ctx.target`` (slow: pass one).
 """
 
@@ -41,7 +53,7 @@ from dspark_bench.profile import Profile, load_profile, measure_profile
 
 _SCHEDULERS: dict[str, type[Scheduler]] = {}  # filled by @register_scheduler at import time only
 LAYOUTS = ("packed", "padded")
-SpsFn = Callable[[np.ndarray], np.ndarray]  # batch tokens [n] -> steps per second [n]
+SecondsFn = Callable[[np.ndarray], np.ndarray]  # verify shape [n] (B tokens, or column width L) -> round seconds [n]
 
 
 class SchedulerError(ValueError):
@@ -86,6 +98,10 @@ def _coerce_options(cls: type, options: dict[str, Any]) -> dict[str, Any]:
         kind = str(known[key].type)
         if isinstance(value, str) and value.lower() == "none" and "None" in kind:
             value = None
+        elif isinstance(value, str) and kind.startswith("bool"):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise SchedulerError(f"option {key}={value!r} of {cls.name!r} is not a valid bool (true or false)")
+            value = value.lower() in ("true", "1")
         elif isinstance(value, str):
             try:
                 value = int(value) if kind.startswith("int") else float(value) if kind.startswith("float") else value
@@ -95,6 +111,31 @@ def _coerce_options(cls: type, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def parse_scheduler(item: str) -> tuple[str, dict[str, str]]:
+    """``name`` or ``name[key=value,...]`` (inline options, so one sweep can hold two variants of a scheduler)."""
+    name, _, rest = item.partition("[")
+    if rest and not rest.endswith("]"):
+        raise SchedulerError(f"{item!r}: expected NAME or NAME[KEY=VALUE,...]")
+    opts = {}
+    for pair in filter(None, rest[:-1].split(",")):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SchedulerError(f"{item!r}: option {pair!r} is not KEY=VALUE")
+        opts[key.strip()] = value.strip()
+    return name.strip(), opts
+
+
+def split_schedulers(text: str) -> tuple[str, ...]:
+    """Split a comma list of scheduler items at commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    return tuple(item for item in items if item)
+
+
 class Scheduler(ABC):
     name: ClassVar[str]
     reads_confidence: ClassVar[bool] = False  # takes a ``calibration`` option and falls back to fixed without c
@@ -102,6 +143,13 @@ class Scheduler(ABC):
     @abstractmethod
     def decide(self, proposal: Proposal, ctx: DraftContext) -> torch.Tensor:
         """Verify lengths, ``[R]`` long, each within ``0..proposal.lengths[r]``."""
+
+    def plan(self, ctx: DraftContext) -> bool:
+        """Before the round's drafts exist: False skips the drafter this round (every request verifies 0)."""
+        return True
+
+    def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:  # noqa: B027
+        """After verification: the round's verified and accepted draft counts per request, in batch order."""
 
 
 @register_scheduler("fixed")
@@ -177,13 +225,13 @@ def ranked_candidates(surv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return r[order], j[order], a[order]
 
 
-def prefix_lengths(surv: np.ndarray, sps: SpsFn, early_stop: bool = True) -> np.ndarray:
+def prefix_lengths(surv: np.ndarray, seconds: SecondsFn, early_stop: bool = True) -> np.ndarray:
     """Algorithm 1 (``early_stop``) or the retrospective global search (not lossless) over ranked candidates,
-    packed layout. Returns l [R]."""
+    packed layout: ``seconds`` of B batch tokens. Returns l [R]."""
     rows = surv.shape[0]
     r, _, a = ranked_candidates(surv)
     b = rows + np.arange(len(a) + 1)  # batch tokens after admitting 0..n candidates
-    theta = (rows + np.concatenate([[0.0], np.cumsum(a)])) * sps(b)  # Theta_0 = R * SPS(R)
+    theta = (rows + np.concatenate([[0.0], np.cumsum(a)])) / seconds(b)  # Theta_0 = R / T(R)
     if early_stop:
         raised = theta[1:] > theta[:-1]  # every admission so far raised Theta, so best = the previous Theta
         n = int(np.argmin(raised)) if not raised.all() else len(a)
@@ -192,18 +240,24 @@ def prefix_lengths(surv: np.ndarray, sps: SpsFn, early_stop: bool = True) -> np.
     return np.bincount(r[:n], minlength=rows)
 
 
-def column_lengths(surv: np.ndarray, lengths, sps: SpsFn, early_stop: bool = True) -> np.ndarray:
+def column_lengths(surv: np.ndarray, lengths, seconds: SecondsFn, early_stop: bool = True) -> np.ndarray:
     """Padded layout: widen every request to column L = 1, 2, ... while Theta rises (``early_stop``), or take
-    the best L (global). Column L holds min(L, lengths[r]) tokens of each request. Returns l [R]."""
+    the best L (global); ``seconds`` of column width L. Column L holds min(L, lengths[r]) tokens of each
+    request. Returns l [R]."""
+    return np.minimum(np.asarray(lengths), best_column(surv, lengths, seconds, early_stop)[0])
+
+
+def best_column(surv: np.ndarray, lengths, seconds: SecondsFn, early_stop: bool = True) -> tuple[int, float]:
+    """(L, Theta_L) of :func:`column_lengths`' choice."""
     rows, width = surv.shape[0], int(np.max(lengths, initial=0))
     gain = np.concatenate([[0.0], surv[:, :width].sum(0)])  # expected tokens that column L adds
-    theta = (rows + np.cumsum(gain)) * sps(rows * (np.arange(width + 1) + 1))
+    theta = (rows + np.cumsum(gain)) / seconds(np.arange(width + 1))
     if early_stop:
         raised = theta[1:] > theta[:-1]
         best = int(np.argmin(raised)) if not raised.all() else width
     else:
         best = int(np.argmax(theta))
-    return np.minimum(np.asarray(lengths), best)
+    return best, float(theta[best])
 
 
 def budget_lengths(surv: np.ndarray, capacity: int) -> np.ndarray:
@@ -212,19 +266,47 @@ def budget_lengths(surv: np.ndarray, capacity: int) -> np.ndarray:
     return np.bincount(r[:capacity], minlength=surv.shape[0])
 
 
-def best_capacity(surv: np.ndarray, sps: SpsFn) -> int:
-    """Packed layout: the number of candidates K maximising (R + top-K survival sum) * SPS(R + K)."""
-    return int(prefix_lengths(surv, sps, early_stop=False).sum())
+def best_capacity(surv: np.ndarray, seconds: SecondsFn) -> int:
+    """Packed layout: the number of candidates K maximising (R + top-K survival sum) / T(R + K)."""
+    return int(prefix_lengths(surv, seconds, early_stop=False).sum())
+
+
+@dataclass
+class AcceptanceCounts:
+    """Per draft position j (0-based here): ``tested[j]`` verified tokens at j whose predecessors all survived,
+    ``passed[j]`` those that survived too. The measured survival of the module docstring."""
+
+    tested: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    passed: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def add(self, verified: Sequence[int], accepted: Sequence[int]) -> None:
+        v, a = np.asarray(verified, dtype=np.int64), np.asarray(accepted, dtype=np.int64)
+        width = int(v.max(initial=0))
+        if width > len(self.tested):
+            self.tested = np.pad(self.tested, (0, width - len(self.tested)))
+            self.passed = np.pad(self.passed, (0, width - len(self.passed)))
+        j = np.arange(width)[None, :]
+        self.tested[:width] += ((j < v[:, None]) & (j <= a[:, None])).sum(0)
+        self.passed[:width] += (j < a[:, None]).sum(0)
+
+    def conditional(self, width: int, prior: float) -> np.ndarray:
+        """h_1..h_width [width] (float64), each with a Beta(2 prior, 2 (1 - prior)) prior."""
+        tested, passed = np.zeros(width), np.zeros(width)
+        n = min(width, len(self.tested))
+        tested[:n], passed[:n] = self.tested[:n], self.passed[:n]
+        return (passed + 2.0 * prior) / (tested + 2.0)
 
 
 # ---- confidence schedulers ----------------------------------------------------------------------------------
 @dataclass(eq=False)
 class _Confident(Scheduler):
-    """Shared options: ``profile`` (SPS table), ``calibration`` (STS temperatures), ``layout``."""
+    """Shared options: ``profile`` (the cost model), ``calibration`` (STS temperatures), ``layout`` and
+    ``costs`` (price the drafter's propose and the engine overhead when the profile measured them)."""
 
     profile: str | Profile | None = None
     calibration: str | None = None
     layout: str = "packed"
+    costs: bool = True
     reads_confidence: ClassVar[bool] = True
     _table: Profile | None = field(default=None, init=False, repr=False)
     _temps: tuple[float, ...] = field(default=(), init=False, repr=False)
@@ -242,33 +324,81 @@ class _Confident(Scheduler):
     def _survival(self, proposal: Proposal) -> np.ndarray:
         return survival(self._calibrated(proposal), proposal.lengths.cpu().numpy())
 
-    def _sps(self, ctx: DraftContext) -> SpsFn:
-        """SPS(B) at the batch's mean context; measures a small profile of the target on first use if none."""
+    def _round_seconds(self, ctx: DraftContext, drafted: bool = True) -> SecondsFn:
+        """The round's seconds as a function of the verify shape (B tokens packed, column width L padded) at
+        the batch's mean context, the drafter's propose (if ``drafted``) and the overhead included when priced.
+        Measures a small profile of the target on first use if none was given."""
         if self._table is None:
             self._table = measure_profile(ctx.target, (1, 2, 4, 8, 16, 32, 64, 128), (256,), repeats=3)
+        table, rows = self._table, len(ctx.slots)
         context = float(np.mean([s.position for s in ctx.slots])) if ctx.slots else None
-        table = self._table
-        return lambda b: np.asarray(table.sps(b, context), dtype=np.float64)
+        fixed = 0.0
+        if self.costs:
+            draft = table.draft_seconds(ctx.drafter, rows) if drafted else None
+            fixed = float(table.overhead_seconds(rows)) + (0.0 if draft is None else float(draft))
+        if self.layout == "packed":
+            return lambda b: fixed + 1.0 / np.asarray(table.sps(b, context), dtype=np.float64)
+        return lambda width: fixed + np.asarray(table.verify_seconds(rows, 1 + np.asarray(width), context),
+                                                dtype=np.float64)
 
 
 @register_scheduler("hardware-aware")
 @dataclass(eq=False)
 class HardwareAware(_Confident):
-    """Paper Algorithm 1: admit ranked candidates while Theta = E * SPS(B) rises; stop at the first admission
-    that does not raise it (the early stop keeps it non-anticipating, hence lossless). ``layout="padded"``
-    admits whole columns instead (module docstring). Without confidences from the drafter: fixed."""
+    """Paper Algorithm 1: admit ranked candidates while Theta = E / T rises; stop at the first admission that
+    does not raise it (the early stop keeps it non-anticipating, hence lossless). ``layout="padded"`` admits
+    whole columns instead (module docstring). A request may get 0. Without confidences from the drafter, the
+    survival measured on earlier rounds stands in for them.
 
+    ``skip``: before drafting, compare the best Theta the measured survival promises (drafter's cost included)
+    with a vanilla round's R / T; when drafting does not pay, the engine skips the drafter this round."""
+
+    skip: bool = True
+    prior: float = 0.5  # the measured survival's prior conditional acceptance per position
     early_stop: ClassVar[bool] = True
+    last_plan: bool | None = field(default=None, init=False)
+    _counts: AcceptanceCounts = field(default_factory=AcceptanceCounts, init=False, repr=False)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 < self.prior < 1.0:
+            raise SchedulerError(f"hardware-aware needs 0 < prior < 1, got {self.prior}")
 
     def decide(self, proposal: Proposal, ctx: DraftContext) -> torch.Tensor:
-        if proposal.confidence is None:
+        lengths = proposal.lengths.cpu().numpy()
+        if int(lengths.max(initial=0)) == 0:
             return proposal.lengths.clone()
-        surv, sps = self._survival(proposal), self._sps(ctx)
-        if self.layout == "packed":
-            out = prefix_lengths(surv, sps, self.early_stop)
+        if proposal.confidence is not None:
+            surv = self._survival(proposal)
         else:
-            out = column_lengths(surv, proposal.lengths.cpu().numpy(), sps, self.early_stop)
+            surv = survival(np.tile(self._counts.conditional(int(lengths.max()), self.prior), (len(lengths), 1)),
+                            lengths)
+        seconds = self._round_seconds(ctx, drafted=True)
+        if self.layout == "packed":
+            out = prefix_lengths(surv, seconds, self.early_stop)
+        else:
+            out = column_lengths(surv, lengths, seconds, self.early_stop)
         return torch.as_tensor(out, dtype=torch.long)
+
+    def plan(self, ctx: DraftContext) -> bool:
+        self.last_plan = True
+        if not self.skip or not ctx.slots:
+            return True
+        rows, width = len(ctx.slots), ctx.block_size
+        surv = survival(np.tile(self._counts.conditional(width, self.prior), (rows, 1)), np.full(rows, width))
+        drafted, vanilla = self._round_seconds(ctx, drafted=True), self._round_seconds(ctx, drafted=False)
+        if self.layout == "packed":
+            n = int(prefix_lengths(surv, drafted, early_stop=False).sum())
+            best = (rows + np.sort(surv.ravel())[::-1][:n].sum()) / float(drafted(np.asarray(rows + n)))
+            plain = rows / float(vanilla(np.asarray(rows)))
+        else:
+            best = best_column(surv, np.full(rows, width), drafted, early_stop=False)[1]
+            plain = rows / float(vanilla(np.asarray(0)))
+        self.last_plan = bool(best > plain)
+        return self.last_plan
+
+    def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:
+        self._counts.add(verified, accepted)
 
 
 class _Retrospective(HardwareAware):
@@ -328,10 +458,10 @@ class Async(_Confident):
         surv = np.zeros((len(lagged), width))
         for r, a in enumerate(lagged):
             surv[r, : len(a)] = a
-        sps = self._sps(ctx)
+        seconds = self._round_seconds(ctx)
         if self.layout == "packed":
-            return best_capacity(surv, sps)
-        return int(column_lengths(surv, np.full(len(lagged), width), sps, early_stop=False).max(initial=0))
+            return best_capacity(surv, seconds)
+        return best_column(surv, np.full(len(lagged), width), seconds, early_stop=False)[0]
 
     def _lagged(self, slot, block_size: int) -> np.ndarray:
         hist = self._history.get(slot.request_id)

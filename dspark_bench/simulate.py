@@ -8,14 +8,25 @@ Later rounds are replayed as recorded (a request cycles through its rounds until
 decode tokens as it did when recorded): the approximation is that a round's outcome does not depend on which
 tokens earlier rounds committed.
 
-**Clock.** A step of R requests costs ``overhead(R) + s / SPS(B, context)``, where B is the batch tokens the
-target computes (``layout``: ``padded`` = this engine, ``R (1 + max l)``; ``packed`` = ``sum (1 + l)``),
-``context`` the active requests' mean length, ``overhead(R) = a + b R`` a least-squares fit of the recorded
-draft + other seconds per round (0 without timings) and ``s`` (``clock_scale``) the median ratio of recorded
-verify seconds to the profile's prediction (a shared machine's load level; 1 for a dedicated one). Prefill is not simulated (decode only, as
-``sweep.aggregate_tokens_per_s``). Continuous batching: a finished request's slot is refilled at once.
+**Clock.** A step of R requests costs ``draft(R) + other(R) + s * verify``. ``verify`` is the profile's
+forward seconds of the shape the target computes (``layout``: ``padded`` = this engine, R rows of
+``1 + max l`` tokens, from the profile's verify grid when it has one; ``packed`` = ``1 / SPS(sum (1 + l))``)
+at the active requests' mean context. ``draft(R)`` and ``other(R)`` are least-squares lines ``a + b R`` of
+the recorded ``draft_s`` and ``other_s`` per round (0 without timings); ``draft`` is paid only in rounds where
+the scheduler's ``plan`` lets the drafter run. ``s`` (``clock_scale``) is the median ratio of recorded verify
+seconds to the profile's prediction (a shared machine's load level; 1 for a dedicated one). Prefill is not
+simulated (decode only, as ``sweep.aggregate_tokens_per_s``). Continuous batching: a finished request's slot is
+refilled at once.
 
-The schedulers are the real ones (:func:`~dspark_bench.schedulers.create_scheduler`), fed fake proposals.
+**Why the first simulation overestimated short verification** (13-30 % too high where few tokens were
+verified): it priced a verify of R rows x w tokens as ``1 / SPS(R w)`` from a profile measured on as few
+rows as possible (B tokens as ``ceil(B / 8)`` rows), i.e. one row of 8 tokens for 8 rows of one. Eight rows
+attend over eight caches, and the engine pays for that; so narrow, tall batches were priced too cheap. The
+verify grid (rows x width, measured as the engine computes it) prices them as measured. The scheduler's own
+time also used to fall inside the recorded verify seconds; the engine now books it under ``other_s``.
+
+The schedulers are the real ones (:func:`~dspark_bench.schedulers.create_scheduler`), fed fake proposals and
+told each simulated round's verified and accepted counts (``observe``), as in the engine.
 """
 
 from __future__ import annotations
@@ -61,13 +72,31 @@ def traces_from_records(records: Sequence[RequestRecord]) -> list[Trace]:
     return out
 
 
-def fit_overhead(records: Sequence[RequestRecord]) -> tuple[float, float]:
-    """(a, b) of overhead(R) = a + b R, least squares over recorded rounds of draft_s + other_s vs batch."""
-    xs, ys = [], []
+@dataclass(frozen=True)
+class RoundFit:
+    """Per-round seconds outside the target's forward, as lines ``a + b R``: ``draft`` (the drafter's propose,
+    paid only when it runs) and ``other`` (scheduling, acceptance, commit)."""
+
+    draft: tuple[float, float] = (0.0, 0.0)
+    other: tuple[float, float] = (0.0, 0.0)
+
+    def seconds(self, rows: int, drafted: bool) -> float:
+        (da, db), (oa, ob) = self.draft, self.other
+        return oa + ob * rows + ((da + db * rows) if drafted else 0.0)
+
+
+def fit_overhead(records: Sequence[RequestRecord]) -> RoundFit:
+    """Least-squares lines of the recorded ``draft_s`` and ``other_s`` per round against the batch size."""
+    xs, draft, other = [], [], []
     for rec in records:
         for t, b in zip(rec.timings, rec.batch or (1,) * len(rec.timings), strict=True):
             xs.append(b)
-            ys.append(t[0] + t[2])
+            draft.append(t[0])
+            other.append(t[2])
+    return RoundFit(_line(xs, draft), _line(xs, other))
+
+
+def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
     if not xs:
         return 0.0, 0.0
     if len(set(xs)) < 2:
@@ -102,9 +131,10 @@ class SimSpec:
     block_size: int = 7
     clock_scale: float = 1.0  # measured / profiled verify time on the machine being simulated
     decisions: Profile | None = None  # the SPS table the schedulers decide with (default: the clock's)
+    drafter: str = ""  # the drafter's name, under which a scheduler looks up its cost in the profile
 
 
-def simulate(traces: Sequence[Trace], spec: SimSpec, profile: Profile, overhead: tuple[float, float] = (0.0, 0.0),
+def simulate(traces: Sequence[Trace], spec: SimSpec, profile: Profile, overhead: RoundFit = RoundFit(),
              n_requests: int | None = None) -> dict[str, Any]:
     """Replay ``n_requests`` (default: every trace once; more cycle through the traces with shifted starting
     rounds) at ``spec.concurrency`` and return the sweep-row metrics, labelled simulated."""
@@ -132,10 +162,35 @@ def _options(spec: SimSpec, profile: Profile) -> dict[str, Any]:
     return {"profile": spec.decisions or profile, **spec.options} if "profile" in names else dict(spec.options)
 
 
-def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhead) -> np.ndarray:
+def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhead: RoundFit) -> np.ndarray:
     """One simulated engine round; returns [1 round per request, committed, verified, accepted, seconds]."""
-    # 1. the recorded round of each request, as a proposal
+    ctx = DraftContext(None, 1.0, spec.block_size, [item.slot for item in live], drafter=spec.drafter)
+    drafted = scheduler.plan(ctx)
+    # 1. the recorded round of each request, as a proposal (none when the scheduler skips the drafter)
     idx = [item.round % len(item.trace.verified) for item in live]
+    proposal = _proposal(live, idx) if drafted else Proposal.empty(len(live))
+    # 2. schedule (capped by each request's remaining budget, as the engine does) and clock
+    chosen = scheduler.decide(proposal, ctx).tolist()
+    ver = [max(min(c, item.trace.tokens - item.tokens - 1), 0) for c, item in zip(chosen, live, strict=True)]
+    rows = len(live)
+    context = float(np.mean([item.slot.position for item in live]))
+    if spec.layout == "padded":
+        verify = float(profile.verify_seconds(rows, 1 + max(ver), context))
+    else:
+        verify = 1.0 / float(profile.sps(rows + sum(ver), context))
+    seconds = overhead.seconds(rows, drafted) + spec.clock_scale * verify
+    # 3. accept and commit (a skipped round keeps its recorded round for the next time the drafter runs)
+    acc = [min(item.trace.accepted[i], v) for item, i, v in zip(live, idx, ver, strict=True)]
+    scheduler.observe(ctx, ver, acc)
+    for item, a in zip(live, acc, strict=True):
+        item.tokens += a + 1
+        item.slot.position += a + 1
+        item.round += int(drafted)
+        item.seconds += seconds
+    return np.array([rows, sum(acc) + rows, sum(ver), sum(acc), seconds])
+
+
+def _proposal(live: list[_Live], idx: list[int]) -> Proposal:
     lengths = torch.tensor([item.trace.verified[i] for item, i in zip(live, idx, strict=True)], dtype=torch.long)
     width = int(lengths.max()) if len(live) else 0
     conf = None
@@ -143,24 +198,7 @@ def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhea
         conf = torch.zeros(len(live), width, dtype=torch.float64)
         for r, (item, i) in enumerate(zip(live, idx, strict=True)):
             conf[r, : lengths[r]] = torch.tensor(item.trace.confidence[i], dtype=torch.float64)
-    proposal = Proposal(torch.zeros(len(live), width, dtype=torch.long), lengths, None, conf)
-    ctx = DraftContext(None, 1.0, spec.block_size, [item.slot for item in live])
-    # 2. schedule (capped by each request's remaining budget, as the engine does) and clock
-    chosen = scheduler.decide(proposal, ctx).tolist()
-    ver = [min(c, item.trace.tokens - item.tokens - 1) for c, item in zip(chosen, live, strict=True)]
-    ver = [max(v, 0) for v in ver]
-    rows = len(live)
-    batch = rows * (1 + max(ver)) if spec.layout == "padded" else rows + sum(ver)
-    context = float(np.mean([item.slot.position for item in live]))
-    seconds = overhead[0] + overhead[1] * rows + spec.clock_scale / float(profile.sps(batch, context))
-    # 3. accept and commit
-    acc = [min(item.trace.accepted[i], v) for item, i, v in zip(live, idx, ver, strict=True)]
-    for item, a in zip(live, acc, strict=True):
-        item.tokens += a + 1
-        item.slot.position += a + 1
-        item.round += 1
-        item.seconds += seconds
-    return np.array([rows, sum(acc) + rows, sum(ver), sum(acc), seconds])
+    return Proposal(torch.zeros(len(live), width, dtype=torch.long), lengths, None, conf)
 
 
 def _row(spec: SimSpec, totals: np.ndarray, done: list[_Live]) -> dict[str, Any]:
@@ -177,13 +215,13 @@ def _row(spec: SimSpec, totals: np.ndarray, done: list[_Live]) -> dict[str, Any]
 
 # ---- projection and validation --------------------------------------------------------------------------------
 def project(traces: Sequence[Trace], profile: Profile, cells: Sequence[tuple[str, dict]], concurrency: Sequence[int],
-            layout: str = "padded", overhead: tuple[float, float] = (0.0, 0.0), block_size: int = 7,
-            scale: float = 1.0) -> list[dict]:
+            layout: str = "padded", overhead: RoundFit = RoundFit(), block_size: int = 7,
+            scale: float = 1.0, drafter: str = "") -> list[dict]:
     """Every (scheduler, options) at every concurrency, with max(len(traces), 2 N) requests per level."""
     rows = []
     for conc in concurrency:
         for name, options in cells:
-            spec = SimSpec(name, conc, dict(options), layout, block_size, scale)
+            spec = SimSpec(name, conc, dict(options), layout, block_size, scale, drafter=drafter)
             rows.append(simulate(traces, spec, profile, overhead, max(len(traces), 2 * conc)))
     return rows
 
@@ -199,9 +237,12 @@ def verify_ratios(records: Sequence[RequestRecord], profile: Profile, layout: st
             context += com
     ratios = []
     for timing, members in groups.items():
-        ver = [v for v, _ in members]
-        batch = len(ver) * (1 + max(ver)) if layout == "padded" else len(ver) + sum(ver)
-        ratios.append(timing[1] * float(profile.sps(batch, float(np.mean([c for _, c in members])))))
+        ver, context = [v for v, _ in members], float(np.mean([c for _, c in members]))
+        if layout == "padded":
+            predicted = float(profile.verify_seconds(len(ver), 1 + max(ver), context))
+        else:
+            predicted = 1.0 / float(profile.sps(len(ver) + sum(ver), context))
+        ratios.append(timing[1] / predicted)
     return ratios
 
 
@@ -253,7 +294,7 @@ def _replay(cell: dict, records: Sequence[RequestRecord], profile: Profile, layo
             decisions: Profile | None) -> dict:
     """A sweep cell replayed from ``records`` (the fixed cell): their traces, overhead fit and clock scale."""
     spec = SimSpec(cell["scheduler"], cell["concurrency"], dict(cell["options"]), layout, block_size,
-                   clock_scale(records, profile, layout), decisions)
+                   clock_scale(records, profile, layout), decisions, drafter=cell["drafter"])
     return simulate(traces_from_records(records), spec, profile, fit_overhead(records))
 
 

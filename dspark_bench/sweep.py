@@ -32,6 +32,7 @@ from dspark_bench.drafters.checkpoint import shipped_folder
 from dspark_bench.metrics import acceptance, count_rounds, system_tokens_per_s, tokens_per_s
 from dspark_bench.results import RequestRecord, read_records, write_json
 from dspark_bench.runner import Run, RunSpec, execute_together
+from dspark_bench.schedulers import parse_scheduler
 from dspark_bench.suites import Prompt, load_suite
 from dspark_bench.target import Target
 
@@ -99,31 +100,6 @@ class Cell:
     def folder(self) -> str:
         label = re.sub(r"[^A-Za-z0-9.=@-]+", "_", self.label.replace("[", "@").replace("]", ""))
         return f"{self.drafter}__{label}__c{self.concurrency}"
-
-
-def parse_scheduler(item: str) -> tuple[str, dict[str, str]]:
-    """``name`` or ``name[key=value,...]`` (inline options, so one sweep can hold two variants of a scheduler)."""
-    name, _, rest = item.partition("[")
-    if rest and not rest.endswith("]"):
-        raise ValueError(f"{item!r}: expected NAME or NAME[KEY=VALUE,...]")
-    opts = {}
-    for pair in filter(None, rest[:-1].split(",")):
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"{item!r}: option {pair!r} is not KEY=VALUE")
-        opts[key.strip()] = value.strip()
-    return name.strip(), opts
-
-
-def split_schedulers(text: str) -> tuple[str, ...]:
-    """Split a comma list of scheduler items at commas outside brackets."""
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(text + ","):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            items.append(text[start:i].strip())
-            start = i + 1
-    return tuple(item for item in items if item)
 
 
 def sweep_cells(spec: SweepSpec) -> list[Cell]:

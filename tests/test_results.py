@@ -191,14 +191,15 @@ def test_merge_joins_the_parts_of_one_run_and_refuses_others(tmp_path, monkeypat
         merge_runs([tmp_path / "a", tmp_path / "c"], tmp_path / "y")
 
 
-def test_complete_chunks_drop_the_quick_finishers_of_a_stopped_chunk():
-    from dspark_bench.results import complete_chunks
+def test_complete_prompts_drop_the_quick_finishers_after_an_unfinished_request():
+    from dspark_bench.results import complete_prompts
 
     manifest = {"args": {"concurrency": 2, "drafters": ["none", "d"], "repeats": 1},
                 "prompts": [{"dataset": "ds", "prompt_id": p} for p in ("a", "b", "c", "d", "e")]}
-    recs = [_rec([(7, 7, 1, 2)], drafter=d, prompt_id=p) for p in "abc" for d in ("none", "d")]
+    recs = [_rec([(7, 7, 1, 2)], drafter=d, prompt_id=p) for p in "abce" for d in ("none", "d")]
     recs.append(_rec([(7, 7, 1, 2)], drafter="none", prompt_id="d"))
-    assert [p["prompt_id"] for p in complete_chunks(manifest, recs)] == ["a", "b"]  # c's partner d is unfinished
+    # d is unfinished for drafter d; e, admitted after it, finished first: it goes too
+    assert [p["prompt_id"] for p in complete_prompts(manifest, recs)] == ["a", "b", "c"]
 
 
 def _part(folder, prompts, drafters=("none", "d"), concurrency=2, missing=(), tag=0):
@@ -235,10 +236,10 @@ def test_merge_drops_the_records_of_datasets_a_selection_leaves_out(tmp_path):
     assert [(p["prompts"], p["prompts_left_out"], p["records_left_out"]) for p in parts] == [(2, 2, 4), (2, 0, 0)]
 
 
-def test_merge_drops_an_incomplete_chunk_that_another_part_decoded_again(tmp_path):
+def test_merge_drops_an_incomplete_tail_that_another_part_decoded_again(tmp_path):
     from dspark_bench.results import merge_runs, read_manifest
 
-    # part a stopped in its second chunk (p2, p3): only none's p2 finished; part b decoded p2 and p3 again
+    # part a stopped at p2: only none's p2 finished; part b decoded p2 and p3 again
     _part(tmp_path / "a", [("ds", "p0"), ("ds", "p1"), ("ds", "p2"), ("ds", "p3")],
           missing={("d", "p2"), ("none", "p3"), ("d", "p3")}, tag=1)
     _part(tmp_path / "b", [("ds", "p2"), ("ds", "p3")], tag=2)

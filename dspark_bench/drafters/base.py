@@ -59,6 +59,7 @@ class DraftContext:
     block_size: int  # the most draft tokens one round may propose (gamma)
     slots: list[Slot] = field(default_factory=list)
     timer: Timer = field(default_factory=Timer)  # spans "forward", "head", "sample" (see dspark_bench.timing)
+    drafter: str = ""  # the drafter's registry name (a scheduler looks up its cost in the profile by it)
 
     def draft_uniforms(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """Uniforms [R, n] (float64) for draft tokens 1..n of every slot: key (seed, position + j, DRAFT)."""

@@ -102,7 +102,8 @@ class Profile:
 def parse_profile(data: Any, source: Path) -> Profile:
     w = str(source)
     info = ("target", "dtype", "device", "machine", "note")
-    d = _obj(data, w, ("context_lengths", "batch_tokens", "steps_per_s"), info)
+    d = _obj(data, w, ("context_lengths", "batch_tokens", "steps_per_s"),
+             (*info, "verify", "draft", "overhead", "block_size"))  # the cost model's parts: not drawn here
     ctx = tuple(_int(v, f"{w}: context_lengths") for v in _list(d["context_lengths"], w))
     batch = tuple(_int(v, f"{w}: batch_tokens") for v in _list(d["batch_tokens"], w))
     sps = tuple(tuple(_num(v, f"{w}: steps_per_s") for v in _list(row, w)) for row in _list(d["steps_per_s"], w))
@@ -162,7 +163,7 @@ def parse_sweep(data: Any, source: Path) -> Cells:
 
 def parse_simulate(data: Any, source: Path) -> Cells:
     extra = ("simulated", "note", "profile", "machine", "layout", "overhead", "clock_scale", "drafter", "traces",
-             "validation")
+             "validation", "verify_model")
     d = _obj(data, str(source), ("rows",), extra)
     rows = tuple(_row(r, f"{source}: rows[{i}]", True) for i, r in enumerate(_list(d["rows"], str(source))))
     return Cells(source, rows, True, _str(d.get("note"), str(source)))

@@ -40,7 +40,7 @@ from types import MappingProxyType
 import torch
 
 from dspark_bench.drafters import create, names
-from dspark_bench.schedulers import scheduler_names
+from dspark_bench.schedulers import parse_scheduler, scheduler_names
 from dspark_bench.stats import cases, checks
 from dspark_bench.stats.checks import guarded, scheduler_for
 from dspark_bench.stats.report import ALPHA, BatteryReport, TestResult, finalize
@@ -83,6 +83,12 @@ PLANS = MappingProxyType({
     "thorough": Plan(gof_n=15000, homogeneity_n=10000, pit_requests=512, pit_tokens=64, real_prompts=8,
                      real_tokens=128, real_min_tokens=5000, real_block=4, real_homogeneity_seeds=60),
 })
+# Option variants checked besides every registered scheduler's defaults. hardware-aware skips the drafter in a
+# round whose drafts would not pay (then it decodes as vanilla); on the battery's cases at concurrency 16 that is
+# every round under its default prior. With skip=false the sampled checks see its length decisions in every
+# round; with an optimistic prior it drafts until the acceptance it measures says otherwise, then skips, so a
+# run holds both kinds of rounds (tests/test_cost_model.py checks that it does).
+VARIANTS = ("hardware-aware[skip=false]", "hardware-aware[prior=0.8]")
 MAX_WAVES = 1000  # a safety stop for a target that ends every request at once
 SYNTHETIC_PROMPTS = ((0,), (1,))
 
@@ -93,7 +99,7 @@ def run_battery(mode: str = "fast", target: str = "smollm2-135m", drafters: list
     if mode not in PLANS:
         raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(PLANS)}")
     drafter_list = _pick(drafters, names(), "drafter")
-    scheduler_list = _pick(schedulers, scheduler_names(), "scheduler")
+    scheduler_list = _pick_schedulers(schedulers)
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     results = synthetic_results(PLANS[mode], scheduler_list, seed, say)
@@ -106,6 +112,14 @@ def _pick(chosen: Sequence[str] | None, known: Sequence[str], kind: str) -> list
     if unknown:
         raise ValueError(f"unknown {kind}(s) {', '.join(unknown)}; known: {', '.join(known)}")
     return list(known if chosen is None else chosen)
+
+
+def _pick_schedulers(chosen: Sequence[str] | None) -> list[str]:
+    """``chosen`` (NAME or NAME[KEY=VALUE,...]) or every registered scheduler plus :data:`VARIANTS`."""
+    if chosen is None:
+        return [*scheduler_names(), *VARIANTS]
+    _pick([parse_scheduler(s)[0] for s in chosen], scheduler_names(), "scheduler")
+    return list(chosen)
 
 
 @contextlib.contextmanager

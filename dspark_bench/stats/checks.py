@@ -24,7 +24,7 @@ import torch
 from dspark_bench.drafters.base import Drafter
 from dspark_bench.engine import Engine, EngineConfig, Request
 from dspark_bench.profile import table_profile
-from dspark_bench.schedulers import Scheduler, create_scheduler, scheduler_class
+from dspark_bench.schedulers import Scheduler, create_scheduler, parse_scheduler, scheduler_class
 from dspark_bench.stats import exact
 from dspark_bench.stats.cases import Case
 from dspark_bench.stats.hypothesis import (
@@ -43,12 +43,14 @@ WINDOW = 3  # tokens after the first one in the engine chi-square (max_new_token
 CONCURRENCY = 16
 
 
-def scheduler_for(name: str, sps: dict[int, float]) -> Scheduler:
-    """Registered scheduler ``name``; one that takes a ``profile`` gets the fixed table ``sps`` (deterministic
-    decisions, no profiling)."""
+def scheduler_for(item: str, sps: dict[int, float]) -> Scheduler:
+    """Registered scheduler ``NAME`` or ``NAME[KEY=VALUE,...]``; one that takes a ``profile`` gets the fixed
+    table ``sps`` (deterministic decisions, no profiling)."""
+    name, options = parse_scheduler(item)
     cls = scheduler_class(name)
     fields = {f.name for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else set()
-    return create_scheduler(name, **({"profile": table_profile(sps, "battery")} if "profile" in fields else {}))
+    table = {"profile": table_profile(sps, "battery")} if "profile" in fields else {}
+    return create_scheduler(name, **table, **options)
 
 
 def seeds(seed: int, label: str, n: int) -> list[int]:

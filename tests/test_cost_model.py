@@ -1,0 +1,262 @@
+"""The schedulers' cost model (issue 17): the verify grid, the drafter's and the engine's round costs, the
+drafter skip (``plan``), measured survival for confidence-free drafters, and the simulation that prices them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_prompts, tiny_target
+
+from dspark_bench import drafters
+from dspark_bench.drafters.base import DraftContext, Drafter, Proposal
+from dspark_bench.engine import Engine, EngineConfig, Request
+from dspark_bench.profile import (
+    Curve,
+    Profile,
+    ProfileError,
+    VerifyGrid,
+    load_profile,
+    measure_round_costs,
+    measure_verify_grid,
+    save_profile,
+    table_profile,
+)
+from dspark_bench.schedulers import AcceptanceCounts, HardwareAware, create_scheduler
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@dataclass(eq=False)
+class _Slot:
+    request_id: int
+    position: int = 10
+
+
+def _ctx(rows: int, block: int = 4, drafter: str = "d") -> DraftContext:
+    return DraftContext(None, 1.0, block, [_Slot(r) for r in range(rows)], drafter=drafter)
+
+
+def _costed(draft_s: float, overhead_s: float = 0.0, verify_s: float = 1.0, per_token: float = 0.0) -> Profile:
+    """Verify = verify_s + per_token x (tokens - 1) at every R; the drafter's propose draft_s at every R."""
+    rows, widths = (1, 64), (1, 2, 8)
+    grid = VerifyGrid((0,), rows, widths,
+                      ((tuple(tuple(verify_s + per_token * r * (w - 1) for w in widths) for r in rows)),))
+    base = table_profile({1: 1.0, 64: 1.0})
+    return dataclasses.replace(base, verify=grid, draft={"d": Curve((1, 64), (draft_s, draft_s))},
+                               overhead=Curve((1, 64), (overhead_s, overhead_s)) if overhead_s else None)
+
+
+# ---- profile parts --------------------------------------------------------------------------------------------
+def test_verify_grid_interpolates_in_rows_width_and_context():
+    g = VerifyGrid((100, 300), (1, 4), (1, 3), (((1.0, 3.0), (4.0, 12.0)), ((2.0, 6.0), (8.0, 24.0))))
+    assert float(g.seconds_at(1, 2, 100)) == pytest.approx(2.0)  # halfway in width
+    assert float(g.seconds_at(2, 1, 100)) == pytest.approx(2.0)  # a third of the way in rows
+    assert float(g.seconds_at(4, 3, 200)) == pytest.approx(18.0)  # halfway in context
+    assert float(g.seconds_at(4, 5, 100)) == pytest.approx(20.0)  # chord slope past the widest: 4 s per token
+    assert g.seconds_at(1, np.array([1, 3]), 100).tolist() == pytest.approx([1.0, 3.0])
+    with pytest.raises(ProfileError, match="contexts\\]\\[rows\\]\\[widths"):
+        VerifyGrid((0,), (1, 2), (1,), (((1.0,),),))
+
+
+def test_profile_without_a_grid_prices_rows_x_width_from_sps():
+    p = table_profile({1: 10.0, 8: 5.0})
+    assert float(p.verify_seconds(2, 4)) == pytest.approx(0.2)  # 1 / SPS(8)
+    assert p.draft_seconds("dspark", 4) is None and float(p.overhead_seconds(4)) == 0.0
+
+
+def test_measured_profile_parts_round_trip(tmp_path):
+    target = tiny_target()
+    grid = measure_verify_grid(target, (1, 3), (1, 2, 4), (8, 16), repeats=1, warmup=0)
+    assert np.asarray(grid.seconds).shape == (2, 2, 3) and np.all(np.diff(np.asarray(grid.seconds), axis=2) >= 0)
+    draft, overhead = measure_round_costs(target, {"ngram": drafters.create("ngram", target)}, (1, 3), block_size=3,
+                                          context=12, rounds=2, warmup=0)
+    assert set(draft) == {"ngram"} and draft["ngram"].rows == (1, 3) and overhead.rows == (1, 3)
+    assert all(s > 0 for s in (*draft["ngram"].seconds, *overhead.seconds))
+    p = dataclasses.replace(table_profile({1: 5.0, 8: 4.0}), verify=grid, draft=draft, overhead=overhead,
+                            block_size=3)
+    save_profile(p, tmp_path / "profile.json")
+    assert load_profile(tmp_path / "profile.json") == p
+
+
+def test_old_profile_files_still_load(tmp_path):
+    old = {"target": "t", "dtype": "bf16", "device": "cpu", "machine": "m", "context_lengths": [0],
+           "batch_tokens": [1, 2], "steps_per_s": [[2.0, 1.0]]}
+    (tmp_path / "p.json").write_text(__import__("json").dumps(old))
+    assert load_profile(tmp_path / "p.json").verify is None
+    (tmp_path / "q.json").write_text(__import__("json").dumps({**old, "extra": 1}))
+    with pytest.raises(ProfileError, match="optionally"):
+        load_profile(tmp_path / "q.json")
+
+
+# ---- measured survival ------------------------------------------------------------------------------------------
+def test_acceptance_counts_measure_conditional_survival():
+    counts = AcceptanceCounts()
+    counts.add([3, 3, 2, 0], [3, 1, 0, 0])  # position 1: 3 tested, 2 passed; 2: 2 tested, 1 passed; 3: 1 and 1
+    assert counts.tested.tolist() == [3, 2, 1] and counts.passed.tolist() == [2, 1, 1]
+    assert counts.conditional(4, 0.5).tolist() == pytest.approx([3 / 5, 2 / 4, 2 / 3, 0.5])
+
+
+def test_confidence_free_proposals_are_scheduled_from_measured_survival():
+    sched = HardwareAware(profile=_costed(0.0, per_token=0.05), layout="padded", skip=False)
+    prop = Proposal(torch.zeros(2, 4, dtype=torch.long), torch.tensor([4, 4]))
+    for _ in range(20):
+        sched.observe(_ctx(2), [4, 4], [0, 0])  # every first draft token rejected so far
+    assert sched.decide(prop, _ctx(2)).tolist() == [0, 0]
+    for _ in range(200):
+        sched.observe(_ctx(2), [4, 4], [4, 4])
+    assert sched.decide(prop, _ctx(2)).tolist() == [4, 4]
+
+
+# ---- plan: skip the drafter when its drafts do not pay ----------------------------------------------------------
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_plan_skips_the_drafter_when_its_cost_exceeds_the_gain(layout):
+    cheap, dear = _costed(0.01), _costed(5.0)
+    if layout == "packed":
+        cheap, dear = (dataclasses.replace(p, verify=None) for p in (cheap, dear))
+    assert HardwareAware(profile=cheap, layout=layout).plan(_ctx(4))
+    assert not HardwareAware(profile=dear, layout=layout).plan(_ctx(4))
+    assert HardwareAware(profile=dear, layout=layout, skip=False).plan(_ctx(4))
+    assert HardwareAware(profile=dear, layout=layout, costs=False).plan(_ctx(4))  # the paper's model: free drafts
+
+
+def test_plan_follows_measured_acceptance():
+    sched = HardwareAware(profile=_costed(0.3), layout="padded")
+    assert sched.plan(_ctx(2))  # prior 0.5: 2 x (0.5 + 0.25 + ...) expected tokens beat the 30% cost
+    for _ in range(50):
+        sched.observe(_ctx(2), [4, 4], [0, 0])
+    assert not sched.plan(_ctx(2))
+
+
+def test_bool_options_parse_from_cli_strings():
+    assert create_scheduler("hardware-aware", skip="false").skip is False
+    assert create_scheduler("hardware-aware", costs="true").costs is True
+    with pytest.raises(ValueError, match="true or false"):
+        create_scheduler("hardware-aware", skip="maybe")
+
+
+class _Counting(Drafter):
+    """Proposes a fixed token block with confidences 0.9 and counts its propose calls."""
+
+    name = "d"
+
+    @dataclass(frozen=True)
+    class Config:
+        pass
+
+    def __init__(self, config, target):
+        super().__init__(config, target)
+        self.calls = 0
+
+    def propose(self, ctx):
+        self.calls += 1
+        rows, k = len(ctx.slots), ctx.block_size
+        return Proposal(torch.full((rows, k), 5, dtype=torch.long), torch.full((rows,), k), None,
+                        torch.full((rows, k), 0.9))
+
+
+def _run(target, drafter, scheduler, temperature: float = 1.0, concurrency: int = 3) -> dict:
+    reqs = [Request(i, tuple(p), 70 + i) for i, p in enumerate(random_prompts(6, seed=4))]
+    out = []
+    Engine(target, drafter, EngineConfig(16, temperature, 4, concurrency), scheduler).run(reqs, out.append)
+    assert all(r.status == "ok" for r in out)
+    return {r.request.request_id: r for r in out}
+
+
+def test_a_skipped_drafter_decodes_exactly_as_vanilla(tiny):
+    """Drafts that never pay: the drafter never runs and every token is the one `none` draws (same keys)."""
+    drafter = _Counting(_Counting.Config(), tiny)
+    skipped = _run(tiny, drafter, HardwareAware(profile=_costed(50.0), layout="padded"))
+    vanilla = _run(tiny, drafters.create("none", tiny), None)
+    assert drafter.calls == 0
+    assert {i: r.output_ids for i, r in skipped.items()} == {i: r.output_ids for i, r in vanilla.items()}
+    assert all(x.proposed == 0 and x.verified == 0 for r in skipped.values() for x in r.rounds)
+
+
+def test_plan_drafts_while_it_pays_and_stops_once_drafts_fail(tiny):
+    """Drafting costs 0.2 s, a verify 1 s + 0.06 s per extra token at R = 3: under the prior (0.5 per position)
+    drafting pays, so the first round drafts; the drafter's fixed token is rejected, and from then on the
+    rounds decode as vanilla."""
+    drafter = _Counting(_Counting.Config(), tiny)
+    out = _run(tiny, drafter, HardwareAware(profile=_costed(0.2, per_token=0.02), layout="padded"))
+    rounds = [x for r in out.values() for x in r.rounds]
+    assert any(x.proposed == 0 for x in rounds) and any(x.proposed > 0 for x in rounds)
+    assert 0 < drafter.calls < max(len(r.rounds) for r in out.values())
+
+
+def test_greedy_output_is_unchanged_by_the_skip(tiny):
+    drafter = _Counting(_Counting.Config(), tiny)
+    mixed = _run(tiny, drafter, HardwareAware(profile=_costed(0.2, per_token=0.02), layout="padded"), 0.0)
+    vanilla = _run(tiny, drafters.create("none", tiny), None, 0.0)
+    assert {i: r.output_ids for i, r in mixed.items()} == {i: r.output_ids for i, r in vanilla.items()}
+
+
+# ---- simulation with round costs --------------------------------------------------------------------------------
+def test_simulation_charges_the_drafter_only_when_it_runs():
+    from dspark_bench.simulate import RoundFit, SimSpec, Trace, simulate
+
+    traces = [Trace((4,) * 20, (0,) * 20, ((0.9,) * 4,) * 20, 40, 10) for _ in range(4)]
+    fit = RoundFit(draft=(2.0, 0.0), other=(0.0, 0.0))
+    profile = _costed(2.0)
+    fixed = simulate(traces, SimSpec("fixed", 2, layout="padded", drafter="d"), profile, fit)
+    skip = simulate(traces, SimSpec("hardware-aware", 2, {"layout": "padded"}, "padded", 4, drafter="d"),
+                    profile, fit)
+    assert fixed["tau"] == pytest.approx(1.0) and skip["tau"] == pytest.approx(1.0)
+    assert fixed["aggregate_tokens_per_s"] == pytest.approx(2 / 3.0)  # 2 tokens per 1 s verify + 2 s draft
+    assert skip["aggregate_tokens_per_s"] > 1.9 * fixed["aggregate_tokens_per_s"]  # the 2 s draft never pays
+
+
+def test_gpu_scheduling_script_runs_on_cpu_at_tiny_settings(tmp_path):
+    """scripts/gpu_scheduling.sh in its CPU smoke mode: the real embedded target and CLI, every stage."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dspark_bench.target import default_cache_dir
+
+    if not (default_cache_dir() / "smollm2-135m-instruct" / "model.safetensors").exists():
+        pytest.skip("the embedded target's converted checkpoint is not in the cache (run any smollm2 command once)")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "BIN": str(Path(sys.executable).parent), "PYTHONPATH": str(root)}
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu_scheduling.sh"), str(tmp_path / "out"), "smoke"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    logs = "".join(p.read_text()[-1500:] for p in sorted((tmp_path / "out").glob("*.log")))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + logs
+    profile = load_profile(tmp_path / "out" / "profile.json")
+    assert profile.verify is not None and set(profile.draft) == {"dspark"} and profile.overhead is not None
+    for name, levels in (("sweep-low", {1}), ("sweep-high", {2})):
+        rows = json.loads((tmp_path / "out" / name / "sweep.json").read_text())["rows"]
+        assert {r["concurrency"] for r in rows} == levels
+        assert {r["label"] for r in rows} >= {"fixed", "hardware-aware[layout=padded]", "fixed[length=1]"}
+    sim = json.loads((tmp_path / "out" / "simulate.json").read_text())
+    assert sim["simulated"] and max(r["concurrency"] for r in sim["rows"]) == 512 and sim["validation"]["rows"]
+
+
+def test_the_battery_samples_both_paths_of_the_drafter_skip():
+    """The battery's engine case (concurrency 16, its SPS table): under the default prior drafts do not pay and
+    every round runs as vanilla; the variant with an optimistic prior (0.8) drafts until the measured
+    acceptance says otherwise, then skips, so the sampled lossless checks cover rounds of both kinds within one
+    run; the skip=false variant covers the length decisions in every round."""
+    from dspark_bench.stats import battery, cases, checks
+
+    case = cases.engine_case()
+    target = case.target()
+
+    def rounds(item):
+        out = []
+        engine = Engine(target, case.drafter(target), EngineConfig(checks.WINDOW + 1, 1.0, case.block_size,
+                                                                     case.concurrency),
+                        checks.scheduler_for(item, case.sps))
+        engine.run([Request(i, case.prompt, s) for i, s in enumerate(checks.seeds(0, "paths", 200))], out.append)
+        return [x for r in out for x in r.rounds]
+
+    assert all(x.proposed == 0 for x in rounds("hardware-aware"))
+    mixed = rounds("hardware-aware[prior=0.8]")
+    assert any(x.proposed == 0 for x in mixed) and any(x.proposed > 0 for x in mixed)
+    assert all(x.proposed > 0 for x in rounds("hardware-aware[skip=false]"))
+    assert {"hardware-aware[skip=false]", "hardware-aware[prior=0.8]"} <= set(battery.VARIANTS)
