@@ -30,6 +30,7 @@ clamped to the measured range.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -108,15 +109,44 @@ class VerifyGrid:
         _positive("verify seconds", self.seconds)
 
     def seconds_at(self, rows, width, context: float | None = None) -> np.ndarray:
-        """Forward seconds at ``rows`` and ``width`` (scalars or arrays, broadcast together)."""
-        r, w = np.broadcast_arrays(np.asarray(rows, dtype=np.float64), np.asarray(width, dtype=np.float64))
-        grid_r, grid_w = np.asarray(self.rows, dtype=np.float64), np.asarray(self.widths, dtype=np.float64)
+        """Forward seconds at ``rows`` and ``width`` (scalars or arrays, broadcast together). A scheduler asks
+        this every round for one R and all widths: that case is a few vector operations per context."""
+        r, w = np.asarray(rows, dtype=np.float64), np.asarray(width, dtype=np.float64)
+        if r.ndim == 0:
+            per_context = [_step_time(w, self._widths, _at_rows(table, self._rows, float(r))) for table in self._tables]
+            return _along_context(per_context, self.contexts, context)
+        r, w = np.broadcast_arrays(r, w)
         per_context = []
-        for table in np.asarray(self.seconds, dtype=np.float64):  # [rows][widths]
-            cols = np.stack([_step_time(r, grid_r, table[:, j]) for j in range(len(grid_w))], -1)  # [..., widths]
-            at = [_step_time(x, grid_w, col) for x, col in zip(w.ravel(), cols.reshape(-1, len(grid_w)), strict=True)]
+        for table in self._tables:  # [rows][widths]
+            at = [_step_time(x, self._widths, _at_rows(table, self._rows, float(y))) for x, y in
+                  zip(w.ravel(), r.ravel(), strict=True)]
             per_context.append(np.asarray(at, dtype=np.float64).reshape(r.shape))
         return _along_context(per_context, self.contexts, context)
+
+    @functools.cached_property
+    def _tables(self) -> np.ndarray:  # [contexts, rows, widths]
+        return np.asarray(self.seconds, dtype=np.float64)
+
+    @functools.cached_property
+    def _rows(self) -> np.ndarray:
+        return np.asarray(self.rows, dtype=np.float64)
+
+    @functools.cached_property
+    def _widths(self) -> np.ndarray:
+        return np.asarray(self.widths, dtype=np.float64)
+
+
+def _at_rows(table: np.ndarray, grid: np.ndarray, rows: float) -> np.ndarray:
+    """One row of ``table`` [rows, widths] at ``rows``: :func:`_step_time`'s interpolation, every width at once."""
+    if rows <= grid[0] or len(grid) < 2:
+        return table[0] if rows <= grid[0] else table[-1]
+    if rows >= grid[-1]:
+        mid = min(int(np.argmin(np.abs(grid - grid[-1] / 2))), len(grid) - 2)
+        slope = np.maximum((table[-1] - table[mid]) / (grid[-1] - grid[mid]), 0.0)
+        return table[-1] + slope * (rows - grid[-1])
+    hi = int(np.searchsorted(grid, rows))
+    f = (rows - grid[hi - 1]) / (grid[hi] - grid[hi - 1])
+    return (1 - f) * table[hi - 1] + f * table[hi]
 
 
 def _along_context(values: list[np.ndarray], contexts: Sequence[int], context: float | None) -> np.ndarray:
@@ -124,7 +154,7 @@ def _along_context(values: list[np.ndarray], contexts: Sequence[int], context: f
     ctx = np.asarray(contexts, dtype=np.float64)
     if context is None or len(ctx) == 1:
         return values[0]
-    at = float(np.clip(context, ctx[0], ctx[-1]))
+    at = min(max(float(context), float(ctx[0])), float(ctx[-1]))
     hi = int(np.searchsorted(ctx, at).clip(1, len(ctx) - 1))
     w = (at - ctx[hi - 1]) / (ctx[hi] - ctx[hi - 1])
     return (1 - w) * values[hi - 1] + w * values[hi]

@@ -97,8 +97,6 @@ def measure_full_profile(tgt, max_batch_tokens: int, contexts: tuple[int, ...], 
                          rows: tuple[int, ...], drafter_names: tuple[str, ...], drafter_options: dict,
                          block_size: int):
     """SPS table, the verify grid (when ``rows``) and the round costs of ``drafter_names`` (when any)."""
-    import dataclasses
-
     from dspark_bench import drafters as registry
     from dspark_bench.profile import (
         DEFAULT_BATCH_TOKENS,
@@ -196,7 +194,8 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
         console.print("measuring the engine profile (pass --profile to reuse one) ...")
         profile_path = str(folder / "profile.json")
         save_profile(measure_full_profile(tgt, 128, (128, 512), block_size + 1, 5, (1, 2, 4, 8, 16, 32, 64),
-                                          spec.drafters, spec.drafter_options, block_size), profile_path)
+                                          spec.drafters, {k: v for k, v in spec.drafter_options.items()
+                                                          if k in spec.drafters}, block_size), profile_path)
     prompts = load_suite(suite, spec.limit, seed)
     result = run_sweep(spec, tgt, prompts, folder, profile_path, on_cell=_print_cell)
     _print_rows(result["rows"])

@@ -30,14 +30,15 @@ SMALL = battery.Plan(gof_n=1500, homogeneity_n=600, pit_requests=32, pit_tokens=
 
 @pytest.fixture(scope="module")
 def synthetic_rows() -> tuple[TestResult, ...]:
-    return finalize(battery.synthetic_results(SMALL, scheduler_names(), seed=0, say=lambda _m: None))
+    return finalize(battery.synthetic_results(SMALL, [*scheduler_names(), *battery.VARIANTS], seed=0,
+                                              say=lambda _m: None))
 
 
 def test_every_real_configuration_passes(synthetic_rows):
     real = [r for r in synthetic_rows if not r.is_control]
     failed = [(r.test, r.configuration, r.statistic, r.p_value, r.detail) for r in real if r.verdict != "pass"]
     assert not failed
-    for s in scheduler_names():  # every registered scheduler went through every family
+    for s in [*scheduler_names(), *battery.VARIANTS]:  # every scheduler and variant went through every family
         mine = {r.test for r in real if r.configuration.endswith(f"| {s}")}
         assert mine == {"exact", "chi2-gof", "chi2-homogeneity", "pit-ks"}, s
 
