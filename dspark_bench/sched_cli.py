@@ -325,6 +325,7 @@ def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler
                                                                                split_schedulers(scheduler_list))]
     rows = sim.project(sim.traces_from_records(records), table, cells, _ints(concurrency), layout, overhead,
                        block_size, scale, records[0].drafter)
+    rows = [{"drafter": records[0].drafter, "label": _label(r), **r} for r in rows]  # one series per variant
     result = {"simulated": True, "note": sim.__doc__.split("\n\n")[0], "profile": profile_path,
               "drafter": records[0].drafter, "machine": table.machine, "layout": layout,
               "overhead": dataclasses.asdict(overhead), "clock_scale": scale, "verify_model": verify_model,
@@ -335,7 +336,7 @@ def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler
                                 "mean_abs_rel_error": sim.mean_abs_errors(checked),
                                 "verify_model": sim.verify_model_error(records, table, layout)}
     Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    _print_rows([{**r, "drafter": "(simulated)", "label": _label(r)} for r in rows])
+    _print_rows([{**r, "drafter": f"{r['drafter']} (simulated)"} for r in rows])
     stdout.print(f"SIMULATED results written to {out}")
 
 
