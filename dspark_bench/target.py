@@ -1,12 +1,14 @@
 """The target model: any Hugging Face causal LM, driven with a batched KV cache that tolerates holes.
 
 A :class:`KVBatch` holds R requests in one cache. Columns of the cache are shared by all rows; each row has a
-boolean ``valid`` mask over the columns and its own next RoPE position. Prompts are left-padded; a verify block
-is right-padded to the longest block; after verification each row keeps a prefix of its block and the other
-columns become masked holes. Columns that are holes in *every* row are cropped from the tail, so with R = 1
-the cache is exactly as long as the committed sequence (rollback = crop); :meth:`Target.compact` reclaims the
-holes and the columns of finished rows, so the width stays within the longest live row plus one block. We build the 4-D attention mask
-ourselves, so causality is by column order and padding/holes are excluded explicitly.
+boolean mask over the columns (kept on the host) and its own next RoPE position. Prompts are prefilled
+left-padded, then shifted so that every row starts at column 0; a verify block is right-padded to the longest
+block; after verification each row keeps a prefix of its block and the other columns become masked holes.
+Columns that are holes in *every* row are cropped from the tail, so with R = 1 the cache is exactly as long as
+the committed sequence (rollback = crop); :meth:`Target.compact` reclaims the holes and the columns of finished
+rows, so the width stays within the longest live row plus one block, and it moves only the columns that must
+move. We build the 4-D attention mask ourselves, so causality is by column order and padding/holes are
+excluded explicitly.
 
 Features handed to drafters (reference section 1.1): the outputs of chosen decoder layers (the raw residual
 stream, ``hidden_states[l + 1]`` in HF numbering) and the final hidden state after the last norm.
@@ -20,6 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -69,24 +72,40 @@ class StepOutput:
 
 @dataclass(eq=False)
 class KVBatch:
-    """Mutable batched cache state. ``valid``: [R, C] usable columns; ``next_pos``: [R] next RoPE position;
-    ``lens``: per row, its number of valid columns, and ``ends``, one past its right-most valid column (both
-    kept on the host, so sizing the cache never syncs)."""
+    """Mutable batched cache state.
+
+    ``mask``: [R, C] usable columns, kept on the host (numpy): the host knows every verify length and every kept
+    count, so sizing, cropping and compacting the cache never wait for the device (each forward uploads it once).
+    ``next_pos``: [R] next RoPE position, on the device. ``block_lens``: real slots of the last block, per row.
+
+    Layout: every row's committed columns start at column 0 (a newcomer's prompt is shifted there when it
+    joins), and compaction only moves the columns that must move to fit the new width, so a row's prefix is
+    written once.
+    """
 
     cache: object
-    valid: torch.Tensor
+    mask: np.ndarray
     next_pos: torch.Tensor
-    block_lens: list[int] = field(default_factory=list)  # real slots in the last block, per row
-    lens: list[int] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)  # per row, 1 + its right-most valid column (host)
+    block_lens: list[int] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        return int(self.valid.shape[0])
+        return int(self.mask.shape[0])
 
     @property
     def columns(self) -> int:
-        return int(self.valid.shape[1])
+        return int(self.mask.shape[1])
+
+    @property
+    def lens(self) -> list[int]:
+        """Valid columns per row."""
+        return self.mask.sum(1).tolist()
+
+    @property
+    def ends(self) -> list[int]:
+        """Per row, one past its right-most valid column (0 for a row without any)."""
+        last = self.columns - np.argmax(self.mask[:, ::-1], axis=1)
+        return np.where(self.mask.any(1), last, 0).tolist()
 
 
 def to_device(values, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -212,25 +231,28 @@ class Target:
 
         return KVBatch(
             cache=DynamicCache(config=self.config),
-            valid=torch.zeros(0, 0, dtype=torch.bool, device=self.device),
+            mask=np.zeros((0, 0), dtype=bool),
             next_pos=torch.zeros(0, dtype=torch.long, device=self.device),
         )
 
     def prefill(self, prompts: list[list[int]], taps: tuple[int, ...] = ()) -> tuple[KVBatch, StepOutput]:
-        """Run left-padded prompts through a fresh cache. Logits at the last prompt position only ([R, 1, V]);
-        features of every prompt position, for the tapped layers only."""
+        """Run left-padded prompts through a fresh cache, then shift each row's columns to start at column 0
+        (the batch layout). Logits at the last prompt position only ([R, 1, V]); features of every prompt
+        position, for the tapped layers only."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prefill needs at least one prompt and no empty prompt")
         batch = self.new_batch()
         width = max(len(p) for p in prompts)
+        lens = np.array([len(p) for p in prompts])
         ids = to_device([[0] * (width - len(p)) + list(p) for p in prompts], self.device)
-        real = torch.arange(width, device=self.device) >= to_device([width - len(p) for p in prompts],
-                                                                    self.device).unsqueeze(1)
-        positions = (real.long().cumsum(1) - 1).clamp_min(0)
+        real = np.arange(width) >= (width - lens)[:, None]
+        positions = (to_device(torch.from_numpy(real), self.device).long().cumsum(1) - 1).clamp_min(0)
         out = self._forward(batch, ids, real, positions, taps, last_only=True)
-        batch.block_lens = [len(p) for p in prompts]
-        batch.lens = list(batch.block_lens)
-        batch.ends = [width] * len(prompts)
+        source = np.minimum(np.arange(width) + (width - lens)[:, None], width - 1)  # new column <- old column
+        if (lens < width).any():
+            self._move_columns(batch, 0, source)
+        batch.mask = np.arange(width) < lens[:, None]
+        batch.block_lens = lens.tolist()
         batch.next_pos = to_device(batch.block_lens, self.device)
         feats = [self._slice(f, width - n, n) for f, n in zip(out.features, batch.block_lens, strict=True)]
         return batch, StepOutput(out.logits, feats)
@@ -246,7 +268,7 @@ class Target:
         if max(lengths) > width:
             raise ValueError(f"block lengths {lengths} exceed the block width {width}")
         ids = ids.to(self.device)
-        real = torch.arange(width, device=self.device) < to_device(lengths, self.device).unsqueeze(1)
+        real = np.arange(width) < np.asarray(lengths)[:, None]
         positions = batch.next_pos.unsqueeze(1) + torch.arange(width, device=self.device)
         out = self._forward(batch, ids, real, positions, taps)
         batch.block_lens = list(lengths)
@@ -261,13 +283,14 @@ class Target:
         with forward hooks (no other layer's states are kept); ``last_only``: logits of the last column only."""
         rows, width = ids.shape
         old = batch.columns
-        valid = torch.cat([batch.valid, real], dim=1) if old else real  # [R, C+L]
+        mask = np.concatenate([batch.mask, real], axis=1) if old else real  # [R, C+L], host
+        valid = to_device(torch.from_numpy(mask), self.device)  # the forward's one host-to-device mask copy
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         allowed = valid.unsqueeze(1).expand(rows, width, old + width).clone()  # [R, L, C+L]
         allowed[:, :, old:] &= causal
         allowed |= ~allowed.any(-1, keepdim=True)  # left-pad query rows: no fully masked row (NaN risk in CUDA SDPA)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         if taps:
             self._check_taps(taps)
         tapped: dict[int, torch.Tensor] = {}
@@ -276,7 +299,7 @@ class Target:
             with torch.inference_mode():
                 out = self.model.model(
                     input_ids=ids,
-                    attention_mask=mask.unsqueeze(1),
+                    attention_mask=bias.unsqueeze(1),
                     position_ids=positions,
                     use_cache=True,
                     **{self._cache_kwarg: batch.cache},
@@ -286,7 +309,7 @@ class Target:
         finally:
             for hook in hooks:
                 hook.remove()
-        batch.valid = valid
+        batch.mask = mask
         if taps:
             layers = torch.stack([tapped[t] for t in taps], dim=2)  # [R, L, n_taps, d]
         else:  # no tapped layers asked for: the final hidden state alone (what MTP conditions on)
@@ -313,7 +336,7 @@ class Target:
                 f"0..{self.num_layers - 2} (the last layer is forbidden: its HF hidden state is post-norm)"
             )
 
-    # ---- cache bookkeeping ---------------------------------------------------------------------------------
+    # ---- cache bookkeeping (host arithmetic on ``mask``; the device only moves K/V) --------------------------------
     def keep(self, batch: KVBatch, counts: list[int]) -> None:
         """After a block forward, row r keeps the first ``counts[r]`` slots of its block; the rest become holes."""
         width = max(batch.block_lens)
@@ -321,40 +344,47 @@ class Target:
         for r, n in enumerate(counts):
             if not 0 <= n <= batch.block_lens[r]:
                 raise ValueError(f"row {r} keeps {n} slots of a {batch.block_lens[r]}-slot block")
-        keep = to_device(counts, self.device)
-        batch.valid[:, start:] &= torch.arange(width, device=self.device) < keep.unsqueeze(1)
-        batch.next_pos = batch.next_pos + keep
-        batch.lens = [n + c for n, c in zip(batch.lens, counts, strict=True)]
-        batch.ends = [start + c if c else e for e, c in zip(batch.ends, counts, strict=True)]
+        batch.mask[:, start:] &= np.arange(width) < np.asarray(counts)[:, None]
+        batch.next_pos = batch.next_pos + to_device(counts, self.device)
         self._crop_dead_tail(batch)
 
     def _crop_dead_tail(self, batch: KVBatch) -> None:
-        """Crop the columns that are holes in every row from the tail (host arithmetic on ``ends``, no sync)."""
+        """Crop the columns that are holes in every row from the tail."""
         keep = max(batch.ends, default=0)
         dead = batch.columns - keep
         if dead > 0:
             batch.cache.crop(-dead)
-            batch.valid = batch.valid[:, :keep]
+            batch.mask = batch.mask[:, :keep]
 
     def compact(self, batch: KVBatch, slack: int) -> None:
-        """Reclaim holes when the cache is wider than the longest row plus ``slack`` columns: every row's valid
-        columns are moved, in order, to the right end of a cache exactly as wide as the longest row (RoPE
-        positions are per row and causality is by column order, so the attention result is unchanged)."""
+        """Reclaim holes when the cache is wider than the longest row plus ``slack`` columns: the cache becomes
+        exactly as wide as the longest row. Each row keeps its valid columns in order and moves only those that
+        must move to fit (packed from the right end, see :func:`_pack`), so the K/V copied is the window from the
+        left-most moved column on, not the whole cache (RoPE positions are per row and causality is by column
+        order, so the attention result is unchanged)."""
         width = max(batch.lens, default=0)
         if batch.rows == 0 or batch.columns <= width + slack:
             return
-        lens = to_device(batch.lens, self.device)
-        rank = batch.valid.long().cumsum(1) - 1 + (width - lens).unsqueeze(1)  # new column of each valid one
-        dest = torch.where(batch.valid, rank, torch.full_like(rank, width))  # holes go to a scratch column
-        index = torch.zeros(batch.rows, width + 1, dtype=torch.long, device=self.device)
-        index.scatter_(1, dest, torch.arange(batch.columns, device=self.device).expand_as(dest).contiguous())
-        index = index[:, :width]  # [R, width]: old column of each new one (0 on the left padding)
-        for layer in batch.cache.layers:
+        start, source, mask = _pack(batch.mask, width)
+        if start < width:
+            self._move_columns(batch, start, source)
+        for layer in batch.cache.layers:  # the right end beyond the new width holds nothing valid
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                gather = index.view(batch.rows, 1, width, 1).expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-                layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
-        batch.valid = torch.arange(width, device=self.device) >= (width - lens).unsqueeze(1)
-        batch.ends = [width if n else 0 for n in batch.lens]
+                layer.keys, layer.values = layer.keys[:, :, :width], layer.values[:, :, :width]
+        batch.mask = mask
+
+    def _move_columns(self, batch: KVBatch, start: int, source: np.ndarray) -> None:
+        """In every layer, new column ``start + t`` of row r takes old column ``source[r, t]`` (>= ``start``)."""
+        index = to_device(torch.from_numpy(source - start), self.device)
+        rows, n = index.shape
+        with torch.inference_mode():  # the cache tensors are inference tensors: update them in that mode
+            for layer in batch.cache.layers:
+                if getattr(layer, "keys", None) is None or not layer.keys.numel():
+                    continue
+                gather = index.view(rows, 1, n, 1).expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    t[:, :, start : start + n] = t[:, :, start:].gather(2, gather)
 
     def drop(self, batch: KVBatch, rows: list[int]) -> None:
         """Remove finished rows from the batch."""
@@ -365,28 +395,53 @@ class Target:
         for layer in batch.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys, layer.values = layer.keys[index], layer.values[index]
-        batch.valid = batch.valid[index]
+        batch.mask = batch.mask[keep]
         batch.next_pos = batch.next_pos[index]
         batch.block_lens = [batch.block_lens[r] for r in keep] if batch.block_lens else []
-        batch.lens = [batch.lens[r] for r in keep]
-        batch.ends = [batch.ends[r] for r in keep]
         self._crop_dead_tail(batch)
 
     def merge(self, batch: KVBatch, new: KVBatch) -> None:
-        """Append the rows of ``new`` to ``batch`` (left-padding whichever has fewer columns)."""
+        """Append the rows of ``new`` to ``batch`` (right-padding whichever has fewer columns, so that no row's
+        columns move)."""
         if batch.rows == 0:
-            batch.cache, batch.valid, batch.next_pos = new.cache, new.valid, new.next_pos
-            batch.lens, batch.ends = list(new.lens), list(new.ends)
+            batch.cache, batch.mask, batch.next_pos = new.cache, new.mask, new.next_pos
             return
-        width, batch_cols = max(batch.columns, new.columns), batch.columns
+        width = max(batch.columns, new.columns)
         for a, b in zip(batch.cache.layers, new.cache.layers, strict=True):
-            a.keys = torch.cat([_left_pad(a.keys, width), _left_pad(b.keys, width)], dim=0)
-            a.values = torch.cat([_left_pad(a.values, width), _left_pad(b.values, width)], dim=0)
-        batch.valid = torch.cat([_left_pad_mask(batch.valid, width), _left_pad_mask(new.valid, width)], dim=0)
+            a.keys = torch.cat([_right_pad(a.keys, width), _right_pad(b.keys, width)], dim=0)
+            a.values = torch.cat([_right_pad(a.values, width), _right_pad(b.values, width)], dim=0)
+        batch.mask = np.concatenate([_right_pad_mask(batch.mask, width), _right_pad_mask(new.mask, width)])
         batch.next_pos = torch.cat([batch.next_pos, new.next_pos])
         batch.block_lens = []
-        batch.lens = [*batch.lens, *new.lens]
-        batch.ends = [e + width - batch_cols for e in batch.ends] + [e + width - new.columns for e in new.ends]
+
+
+def _pack(mask: np.ndarray, width: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """Plan a compaction of ``mask`` [R, C] to ``width`` columns (>= every row's valid count).
+
+    Row r's valid columns c_0 < ... < c_{n-1} go to d_j = min(c_j, d_{j+1} - 1) with d_{n-1} = min(c_{n-1},
+    width - 1): packed against the right end only as far as needed, so a column that already fits and has room
+    stays. Returns (start, source [R, width - start], new mask [R, width]): new column start + t of row r comes
+    from old column source[r, t]; columns left of ``start`` do not move in any row."""
+    rows = mask.shape[0]
+    new = np.zeros((rows, width), dtype=bool)
+    moves = []
+    start = width
+    for r in range(rows):
+        cols = np.flatnonzero(mask[r])
+        n = len(cols)
+        if n == 0:
+            continue
+        slack = np.append(cols - np.arange(n), width - n)  # d_j - j may not exceed any later slack
+        dest = np.arange(n) + np.minimum.accumulate(slack[::-1])[::-1][:n]
+        new[r, dest] = True
+        moved = dest != cols
+        if moved.any():
+            moves.append((r, dest[moved], cols[moved]))
+            start = min(start, int(dest[moved][0]))
+    source = np.tile(np.arange(start, width), (rows, 1))  # unmoved columns map to themselves
+    for r, dest, cols in moves:
+        source[r, dest - start] = cols
+    return start, source, new
 
 
 def _keeper(store: dict[int, torch.Tensor], layer: int):
@@ -398,11 +453,11 @@ def _keeper(store: dict[int, torch.Tensor], layer: int):
     return hook
 
 
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:  # [R, H, C, D] -> [R, H, width, D]
+def _right_pad(t: torch.Tensor, width: int) -> torch.Tensor:  # [R, H, C, D] -> [R, H, width, D]
     pad = width - t.shape[-2]
-    return t if pad == 0 else torch.nn.functional.pad(t, (0, 0, pad, 0))
+    return t if pad == 0 else torch.nn.functional.pad(t, (0, 0, 0, pad))
 
 
-def _left_pad_mask(m: torch.Tensor, width: int) -> torch.Tensor:  # [R, C] -> [R, width]
+def _right_pad_mask(m: np.ndarray, width: int) -> np.ndarray:  # [R, C] -> [R, width]
     pad = width - m.shape[1]
-    return m if pad == 0 else torch.nn.functional.pad(m, (pad, 0), value=False)
+    return m if pad == 0 else np.pad(m, ((0, 0), (0, pad)))

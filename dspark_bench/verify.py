@@ -92,7 +92,8 @@ def to_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature == 0:
         out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.softmax(logits.float() / temperature, dim=-1)
+    scaled = logits.float() if temperature == 1 else logits.float() / temperature  # x / 1 == x: skip the copy
+    return torch.softmax(scaled, dim=-1)
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -129,8 +130,8 @@ def acceptance_probs(
     """Probability that each draft token passes its test given the earlier ones did, min(1, p(x)/q(x)): [R, k]
     float64."""
     idx = draft.long().unsqueeze(-1)
-    p_x = p[:, : draft.shape[1]].double().gather(-1, idx).squeeze(-1)
-    q_x = torch.ones_like(p_x) if q is None else q.double().gather(-1, idx).squeeze(-1)
+    p_x = p[:, : draft.shape[1]].gather(-1, idx).squeeze(-1).double()  # gather first: cast k values, not k x V
+    q_x = torch.ones_like(p_x) if q is None else q.gather(-1, idx).squeeze(-1).double()
     return torch.where(p_x >= q_x, torch.ones_like(p_x), p_x / q_x)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from conftest import TINY_EOS, random_prompts, tiny_target
@@ -206,3 +207,29 @@ def test_batch_is_held_while_the_queue_has_requests(tiny):
     queued = [x for x in rounds if x.waiting > 0]
     assert queued and all(x.batch == 4 for x in queued)
     assert any(x.batch < 4 for x in rounds if x.waiting == 0)  # the tail drains once nothing is left to admit
+
+
+def test_pack_moves_only_what_must_move():
+    """The compaction plan keeps each row's valid columns in order, fits them in the new width, and leaves in
+    place every column that fits: a row whose prefix starts at column 0 moves only its tail."""
+    from dspark_bench.target import _pack
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        mask = rng.random((5, 30)) < 0.6
+        width = int(mask.sum(1).max())
+        start, source, new = _pack(mask, width)
+        assert new.shape == (5, width) and (new.sum(1) == mask.sum(1)).all()
+        for r in range(5):
+            cols, dest = np.flatnonzero(mask[r]), np.flatnonzero(new[r])
+            assert (dest <= cols).all()  # columns only move left, in order
+            moved = dest != cols
+            assert not moved.any() or dest[moved].min() >= start
+            assert (source[r, dest[dest >= start] - start] == cols[dest >= start]).all()
+    # prefix [0, 6) then holes and a tail: 3 kept block slots at columns 8, 11, 12 of a 13-column cache
+    mask = np.zeros((2, 13), dtype=bool)
+    mask[0, :6] = mask[0, [8, 11, 12]] = True  # 9 valid: the longest row
+    mask[1, :4] = mask[1, [8]] = True  # 5 valid: its column 8 fits in a 9-column cache and stays
+    start, source, new = _pack(mask, 9)
+    assert start == 6 and source[0].tolist() == [8, 11, 12]
+    assert np.flatnonzero(new[1]).tolist() == [0, 1, 2, 3, 8] and source[1].tolist() == [6, 7, 8]
