@@ -201,6 +201,9 @@ def speculative_accept(
     """
     check_shapes(p, draft, q, lengths)
     k = draft.shape[1]
+    if k == 0:  # nothing verified (vanilla decoding, a skipped drafter): the token is drawn from p_0
+        none = torch.zeros(draft.shape[0], dtype=torch.long, device=p.device)
+        return Verdicts(none, sample(p[:, 0], draws.token), none.bool())
     live = torch.arange(k, device=draft.device) < lengths[:, None]  # [R, k]
     passed = (draws.accept.to(p.device) < acceptance_probs(p, draft, q)) & live  # 1. tests (float64)
     accepted = leading_accepts(passed)  # 2.
