@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,10 +83,16 @@ def main(verbose: bool) -> None:
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="Shard the prompts (by chunk) across N Ray workers, each running our engine; one run folder.")
 @click.option("--ray-address", default=None, help="Ray cluster to use (default with --workers: a local Ray).")
+@click.option("--resume", "resume_dir", default=None, type=click.Path(path_type=Path),
+              help="Complete the run folder RESUME that a crash or a dead Ray worker left short: decode what it has "
+                   "no record of, with the settings its manifest recorded (only --cache-dir may be given with it).")
 @friendly
 def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip, max_new_tokens, temperature,
-        block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine, engine_opt, workers, ray_address):
+        block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine, engine_opt, workers, ray_address,
+        resume_dir):
     """Decode a suite with each drafter through the one engine (or vLLM) and record the results."""
+    if resume_dir is not None:
+        return _resume(click.get_current_context(), resume_dir, cache_dir)
     if engine == "vllm":
         from dspark_bench.vllm_cli import run_vllm
 
@@ -143,6 +150,49 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
         summary = Run(spec, tgt, prompts, folder, on_record=progress.update).execute()
     _print_summary(summary)
     stdout.print(f"results written to [bold]{folder}[/]")
+
+
+def _load_average() -> list[float] | None:
+    """The machine's 1/5/15-minute load averages (what else ran beside a timing), where the OS reports them."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _resume(ctx: click.Context, folder: Path, cache_dir: str | None) -> None:
+    from click.core import ParameterSource
+
+    from dspark_bench.results import MANIFEST, drop_torn_tail, read_manifest, read_records
+    from dspark_bench.runner import missing_keys, resume, spec_from_manifest
+    from dspark_bench.suites import load_suite
+    from dspark_bench.target import Target
+
+    given = [f"--{n.replace('_', '-')}" for n in ctx.params if n not in ("resume_dir", "cache_dir")
+             and ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+    if given:
+        raise click.BadParameter(f"--resume takes every setting from {folder / MANIFEST}; drop {', '.join(given)} "
+                                 f"(only --cache-dir may be given with it)")
+    if not (folder / MANIFEST).is_file():
+        raise click.BadParameter(f"--resume {folder}: no {MANIFEST} there; give a run folder of `dspark-bench run`")
+    manifest = read_manifest(folder)
+    if manifest.get("args", {}).get("engine", "dspark") != "dspark":
+        raise click.BadParameter(f"--resume {folder}: a run of engine {manifest['args']['engine']!r}; only runs of "
+                                 f"our engine can be resumed")
+    spec = spec_from_manifest(manifest)
+    prompts = load_suite(spec.suite, spec.limit, skip=spec.skip)
+    drop_torn_tail(folder)
+    todo = len(missing_keys(spec, prompts, read_records(folder)))
+    if not todo:
+        stdout.print(f"{folder} is complete: nothing to resume")
+        return
+    console.print(f"loading target [bold]{spec.target}[/] ({spec.dtype}) to decode {todo} requests ...")
+    tgt = Target.load(spec.target, dtype=spec.dtype, cache_dir=Path(cache_dir) if cache_dir else None)
+    with _RunProgress(todo, spec.drafters) as progress:
+        summary, added = resume(folder, tgt, prompts, on_record=progress.update)
+    _print_summary(summary)
+    left = len(read_manifest(folder).get("unfinished", []))
+    stdout.print(f"{added} records added to [bold]{folder}[/]" + (f"; {left} still missing" if left else ""))
 
 
 def _check_drafter_options(names: tuple[str, ...], options: dict[str, dict[str, str]]) -> None:
@@ -374,9 +424,14 @@ def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size
         torch.set_num_threads(threads)
     prompts = load_suite(suite, limit)
     tgt = Target.load(target, dtype=dtype, device=device)
+    load_before, started = _load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     result = run_bench(tgt, build_requests(tgt, prompts, spec.seed), spec, parse_options(drafter_opts),
                        log=console.print)
     result["target"] = {"name": target, "dtype": dtype, "device": str(tgt.device)}
+    from dspark_bench.results import environment
+
+    result["environment"] = {**environment(), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                             "load_average_1_5_15": {"before": load_before, "after": _load_average()}}
     result["machine"] = {"torch_threads": torch.get_num_threads(),
                          "cuda": torch.cuda.get_device_name(0) if tgt.device.type == "cuda" else None}
     Path(out).mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ folder: the records of every worker in the single-process order (repeat, chunk, 
 manifest (``workers``, each worker's ``shard`` of prompt ids and its state) and the summary over all records
 (:func:`dspark_bench.metrics.summarize`). A worker that dies loses only its requests that had not finished:
 its records written so far are kept (they are flushed one by one), the manifest lists the rest under
-``unfinished``. Ray does the scheduling, placement and failure detection; nothing here re-implements it.
+``unfinished``, and ``dspark-bench run --resume OUT`` decodes them (in one process, :func:`runner.resume`). Ray does the scheduling, placement and failure detection; nothing here re-implements it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dspark_bench.results import (
     read_records,
     write_json,
 )
-from dspark_bench.runner import RunSpec
+from dspark_bench.runner import RunSpec, missing_keys
 from dspark_bench.suites import Prompt
 
 
@@ -95,10 +95,7 @@ def join_shards(spec: RunSpec, prompts: Sequence[Prompt], out: Path, shards: lis
     """The one run folder from the workers' folders (module docstring)."""
     records = [r for i, f in enumerate(folders) if shards[i] and (f / RECORDS).is_file() for r in read_records(f)]
     records = ordered(records, prompts, spec.concurrency, spec.drafters)
-    done = {(r.dataset, r.prompt_id, r.drafter, r.repeat) for r in records}
-    want = [(p, d, k) for p in prompts for k in range(spec.repeats) for d in spec.drafters]
-    unfinished = [{"dataset": p.dataset, "prompt_id": p.prompt_id, "drafter": d, "repeat": k}
-                  for p, d, k in want if (p.dataset, p.prompt_id, d, k) not in done]
+    unfinished = missing_keys(spec, prompts, records)  # `run --resume OUT` decodes these
     first = next((f for i, f in enumerate(folders) if shards[i] and (f / MANIFEST).is_file()), None)
     if first is None:
         raise ResultsError(f"no worker wrote a manifest under {out / 'shards'}: {states}")

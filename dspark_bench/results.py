@@ -105,9 +105,10 @@ def record_from_dict(data: dict[str, Any]) -> RequestRecord:
 class RunWriter:
     """Creates a run folder, writes the manifest first and appends one record line per finished request."""
 
-    def __init__(self, folder: str | Path, manifest: dict[str, Any]):
+    def __init__(self, folder: str | Path, manifest: dict[str, Any], append: bool = False):
+        """``append``: add to the records a run folder already holds (``run --resume``), rewriting its manifest."""
         self.folder = Path(folder)
-        if (self.folder / RECORDS).exists():
+        if (self.folder / RECORDS).exists() and not append:
             raise ResultsError(f"{self.folder} already holds a run; choose another --out")
         self.folder.mkdir(parents=True, exist_ok=True)
         write_json(self.folder / MANIFEST, manifest)
@@ -162,6 +163,27 @@ def read_records(folder: str | Path) -> list[RequestRecord]:
     return out
 
 
+def drop_torn_tail(folder: str | Path) -> int:
+    """Cut a last line of ``records.jsonl`` that a crash left half written (no newline, or not JSON), so the
+    records before it can be read and resumed; returns the bytes cut (0 when the file ends cleanly)."""
+    path = Path(folder) / RECORDS
+    data = path.read_bytes()
+    end = data.rstrip(b"\n").rfind(b"\n") + 1  # start of the last non-empty line
+    last = data[end:]
+    if not last.strip():
+        return 0
+    try:
+        json.loads(last)
+    except json.JSONDecodeError:
+        with open(path, "r+b") as f:
+            f.truncate(end)
+        return len(data) - end
+    if not data.endswith(b"\n"):  # the whole record, all but its newline
+        with open(path, "ab") as f:
+            f.write(b"\n")
+    return 0
+
+
 def record_key(rec: RequestRecord) -> tuple[str, str, str, int]:
     """What identifies a record within one run: (drafter, dataset, prompt id, repeat)."""
     return rec.drafter, rec.dataset, rec.prompt_id, rec.repeat
@@ -191,6 +213,8 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        # what else was running when the record started: timings taken under load say so here
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     }
     return {"versions": versions, "git": _git_state(), "machine": machine}
 

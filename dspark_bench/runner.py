@@ -28,9 +28,14 @@ from dspark_bench.results import (
     SCHEMA_VERSION,
     SUMMARY,
     RequestRecord,
+    ResultsError,
     RunWriter,
+    drop_torn_tail,
     environment,
+    read_manifest,
+    read_records,
     record_from_result,
+    record_key,
     write_json,
 )
 from dspark_bench.rounds import Request, RequestResult
@@ -72,12 +77,17 @@ class _Open:
     manifest: dict
     writer: RunWriter
     records: list[RequestRecord] = field(default_factory=list)
+    todo: dict[tuple[str, int], list[Request]] | None = None  # resuming: (drafter, repeat) -> requests not recorded
 
     def sessions(self, repeat: int) -> list[Session]:
-        """One session per drafter over all requests (nothing when the run has fewer repeats)."""
+        """One session per drafter over all requests, or over those a resumed run lacks (nothing when the run has
+        fewer repeats)."""
         if repeat >= self.run.spec.repeats:
             return []
-        return [engine.session(self.requests, self._keep(name, repeat)) for name, engine in self.engines.items()]
+        if self.todo is None:
+            return [engine.session(self.requests, self._keep(name, repeat)) for name, engine in self.engines.items()]
+        return [engine.session(self.todo[(name, repeat)], self._keep(name, repeat))
+                for name, engine in self.engines.items() if self.todo[(name, repeat)]]
 
     def _keep(self, name: str, repeat: int) -> Callable[[RequestResult], None]:
         spec, index = self.run.spec, {r.request_id: p.index for r, p in zip(self.requests, self.run.prompts,
@@ -95,6 +105,9 @@ class _Open:
     def finish(self) -> dict:
         summary = summarize(self.records, self.run.spec.block_size)
         self.manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        if self.todo is not None:
+            self.manifest["resumed"][-1]["finished"] = self.manifest["finished"]
+            self.manifest["unfinished"] = missing_keys(self.run.spec, self.run.prompts, self.records)
         write_json(self.run.out / "manifest.json", self.manifest)
         write_json(self.run.out / SUMMARY, summary)
         return summary
@@ -108,6 +121,51 @@ def execute_together(runs: Sequence[Run]) -> list[dict]:
         for repeat in range(max((r.spec.repeats for r in runs), default=0)):
             interleave([s for o in opened for s in o.sessions(repeat)])
         return [o.finish() for o in opened]
+
+
+def resume(folder: Path, target: Target, prompts: Sequence[Prompt],
+           on_record: Callable[[RequestRecord], None] = lambda rec: None) -> tuple[dict, int]:
+    """Complete a run folder that a crash or a dead worker left short: decode every (drafter, prompt, repeat) it
+    holds no record of, with the spec its manifest recorded, append those records, and rewrite the manifest
+    (``resumed``: when, records kept, requests decoded; ``unfinished``: what is still missing) and the summary
+    over all records. A half-written last record line is cut first. ``prompts`` must be the manifest's. Returns
+    (summary, records added). The resumed requests are timed side by side with each other, not with the records
+    kept: ratios that mix the two sessions say so through ``resumed``."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    spec = spec_from_manifest(manifest)
+    listed = [(p["dataset"], p["prompt_id"]) for p in manifest.get("prompts", [])]
+    if listed != [(p.dataset, p.prompt_id) for p in prompts]:
+        raise ResultsError(f"{folder}: the suite {spec.suite!r} at --limit {spec.limit} no longer selects the "
+                           f"prompts its manifest lists ({len(listed)}); it cannot be resumed with these prompts")
+    drop_torn_tail(folder)
+    records = read_records(folder)
+    run = Run(spec, target, prompts, folder, on_record)
+    with ExitStack() as stack:
+        opened = run.open(stack, resume=(manifest, records))
+        for repeat in range(spec.repeats):
+            interleave(opened.sessions(repeat))
+        return opened.finish(), len(opened.records) - len(records)
+
+
+def spec_from_manifest(manifest: dict) -> RunSpec:
+    """The :class:`RunSpec` a run's manifest recorded (``args``); fields a newer spec added keep their default."""
+    args = manifest.get("args")
+    if not isinstance(args, dict):
+        raise ResultsError("the manifest has no 'args': not a run of our engine (a vLLM or sweep folder?)")
+    known = {f.name for f in dataclasses.fields(RunSpec)}
+    values = {k: v for k, v in args.items() if k in known}
+    if "drafters" in values:
+        values["drafters"] = tuple(values["drafters"])
+    return RunSpec(**values)
+
+
+def missing_keys(spec: RunSpec, prompts: Sequence[Prompt], records: Sequence[RequestRecord]) -> list[dict]:
+    """The (dataset, prompt, drafter, repeat) a run of ``spec`` over ``prompts`` should hold and ``records`` lack."""
+    done = {record_key(r) for r in records}
+    return [{"dataset": p.dataset, "prompt_id": p.prompt_id, "drafter": d, "repeat": k}
+            for p in prompts for k in range(spec.repeats) for d in spec.drafters
+            if (d, p.dataset, p.prompt_id, k) not in done]
 
 
 def default_drafters(target: str) -> tuple[str, ...]:
@@ -146,16 +204,29 @@ class Run:
         """Decode, record and summarise; returns the summary."""
         return execute_together([self])[0]
 
-    def open(self, stack: ExitStack) -> _Open:
-        """Engines, requests, manifest and record writer of this run (closed with ``stack``)."""
+    def open(self, stack: ExitStack, resume: tuple[dict, list[RequestRecord]] | None = None) -> _Open:
+        """Engines, requests, manifest and record writer of this run (closed with ``stack``). ``resume``: the
+        manifest and records the run folder already holds; only what they lack is decoded (:func:`resume`)."""
         spec = self.spec
-        engines = {name: self._engine(name) for name in spec.drafters}
         requests = build_requests(self.target, self.prompts, spec.seed)
-        manifest = self._manifest(engines)
-        writer = stack.enter_context(RunWriter(self.out, manifest))
-        if spec.warmup:
+        if resume is None:
+            engines = {name: self._engine(name) for name in spec.drafters}
+            manifest, records, todo = self._manifest(engines), [], None
+            writer = stack.enter_context(RunWriter(self.out, manifest))
+        else:
+            manifest, records = resume
+            done = {record_key(r) for r in records}
+            todo = {(d, k): [q for q, p in zip(requests, self.prompts, strict=True)
+                             if (d, p.dataset, p.prompt_id, k) not in done]
+                    for d in spec.drafters for k in range(spec.repeats)}
+            engines = {d: self._engine(d) for d in spec.drafters if any(todo[(d, k)] for k in range(spec.repeats))}
+            entry = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": len(records),
+                     "requests": sum(len(v) for v in todo.values())}
+            manifest = {**manifest, "resumed": [*manifest.get("resumed", []), entry]}
+            writer = stack.enter_context(RunWriter(self.out, manifest, append=True))
+        if spec.warmup and engines:
             self._warmup(engines, requests)
-        return _Open(self, engines, requests, manifest, writer)
+        return _Open(self, engines, requests, manifest, writer, list(records), todo)
 
     def _engine(self, name: str) -> Engine:
         spec = self.spec

@@ -104,6 +104,8 @@ class KVBatch:
     @property
     def ends(self) -> list[int]:
         """Per row, one past its right-most valid column (0 for a row without any)."""
+        if self.columns == 0:
+            return [0] * self.rows
         last = self.columns - np.argmax(self.mask[:, ::-1], axis=1)
         return np.where(self.mask.any(1), last, 0).tolist()
 

@@ -12,10 +12,11 @@
 #
 #   scripts/gate_power.sh OUT [FRESH]        (FRESH: fresh seeds, default 20)
 #
-# Environment (defaults in brackets): BASELINE_SEEDS [5], CALIB_SEEDS [2], PERTURB_LEVELS ["1.0 1.5 2.0 2.5"],
-# PERTURB [calibrated], TARGET_DROP [0.10], DROP_DRAFTER [dspark], REPEATS [2] (interleaved timing repeats per
-# run: the speedup check's units), LIMIT [10], MAX_NEW [64], LANES [2] (runs at once, one torch thread each),
-# DRAFTERS [the gate's default set], BIN [.venv/bin]. A quick check of the script itself:
+# Environment (defaults in brackets): STOP_AFTER [unset; "baseline" stops after phase 1], BASELINE_SEEDS [4],
+# CALIB_SEEDS [2], PERTURB_LEVELS ["1.0 1.5 2.0 2.5"], PERTURB [calibrated], TARGET_DROP [0.10], DROP_DRAFTER
+# [dspark], REPEATS [1] (interleaved timing repeats per run: the speedup check's units; its spread comes from all
+# seeds), LIMIT [10], MAX_NEW [32], LANES [2] (runs at once, one torch thread each), DRAFTERS [the gate's default
+# set], BIN [.venv/bin]. The run is the Makefile's GATE_RUN; keep the two in step. A quick check of the script:
 #   DRAFTERS=none,dspark LIMIT=1 MAX_NEW=8 FRESH=1 BASELINE_SEEDS=2 CALIB_SEEDS=1 PERTURB_LEVELS=3.0 REPEATS=1
 #
 # Writes OUT/base/<seed>/, OUT/baseline/, OUT/calib/<S>-<seed>/, OUT/fresh/{same,drop}-<seed>/ (t1/, gate.md,
@@ -26,14 +27,14 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/gate_power.sh OUT [FRESH]}
 FRESH=${2:-20}
 BIN=${BIN:-.venv/bin}
-BASELINE_SEEDS=${BASELINE_SEEDS:-5}
+BASELINE_SEEDS=${BASELINE_SEEDS:-4}
 CALIB_SEEDS=${CALIB_SEEDS:-2}
 PERTURB_LEVELS=${PERTURB_LEVELS:-"1.0 1.5 2.0 2.5"}
 TARGET_DROP=${TARGET_DROP:-0.10}
 DROP_DRAFTER=${DROP_DRAFTER:-dspark}
-REPEATS=${REPEATS:-2}
+REPEATS=${REPEATS:-1}
 LIMIT=${LIMIT:-10}
-MAX_NEW=${MAX_NEW:-64}
+MAX_NEW=${MAX_NEW:-32}
 LANES=${LANES:-2}
 export OMP_NUM_THREADS=1
 mkdir -p "$OUT"
@@ -44,7 +45,7 @@ run_case() {  # run_case DIR SEED [--drafter-opt ...]: one sampled run of the ga
   [ -f "$dir/t1/summary.json" ] && return 0
   rm -rf "$dir" && mkdir -p "$dir"
   $BIN/dspark-bench run --target smollm2-135m --suite all --max-new-tokens "$MAX_NEW" --concurrency 8 \
-    --limit "$LIMIT" --temperature 1.0 --dtype bf16 --repeats "$REPEATS" --seed "$seed" --out "$dir/t1" \
+    --limit "$LIMIT" --temperature 1.0 --dtype fp32 --repeats "$REPEATS" --seed "$seed" --out "$dir/t1" \
     ${DRAFTERS:+--drafter "$DRAFTERS"} "$@" \
     > "$dir/run.log" 2>&1 || echo "dspark-bench run exited $?" >> "$dir/run.log"  # judged as an error
 }
@@ -74,6 +75,8 @@ for i in $(seq 1 "$BASELINE_SEEDS"); do echo "$OUT/base/$(seed_of $((100 + i))) 
 if [ ! -f "$OUT/baseline/baseline.json" ]; then
   $BIN/dspark-bench baseline update "$OUT"/base/*/t1 --name baseline --root "$OUT" > "$OUT/baseline.log" 2>&1
 fi
+
+[ "${STOP_AFTER:-}" = baseline ] && exit 0
 
 # 2. the degradation that drops DROP_DRAFTER's tau by about TARGET_DROP
 if [ -z "${PERTURB:-}" ]; then

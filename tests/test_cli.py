@@ -185,3 +185,10 @@ def test_run_help_names_every_scheduler():
     assert res.exit_code == 0
     text = " ".join(res.output.split())
     assert all(name in text for name in scheduler_names()) and len(scheduler_names()) >= 4, text
+
+
+def test_resume_refuses_other_settings_and_folders_without_a_run(tmp_path):
+    res = _run("--resume", str(tmp_path), "--limit", "3")
+    assert res.exit_code == 2 and "--limit" in res.output and "manifest.json" in res.output
+    res = _run("--resume", str(tmp_path))
+    assert res.exit_code == 2 and "no manifest.json" in res.output

@@ -283,3 +283,74 @@ def test_no_committed_run_folder_holds_a_duplicated_key(folder):
 def test_the_committed_run_folders_are_found():
     folders = _committed_run_folders()
     assert "baselines/offline-smollm2/full-a" in folders and "baselines/offline-smollm2/full-b" in folders
+
+
+def _tokens(folder):
+    return {(r.drafter, r.prompt_id, r.repeat): r.output_ids for r in read_records(folder)}
+
+
+def _crashing(target, monkeypatch, at: int):
+    real, calls = target.forward_block, {"n": 0}
+
+    def flaky(batch, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == at:
+            raise KeyboardInterrupt  # a crash that is not a per-request error
+        return real(batch, *args, **kwargs)
+
+    monkeypatch.setattr(target, "forward_block", flaky)
+    return lambda: monkeypatch.setattr(target, "forward_block", real)
+
+
+def test_resume_completes_a_crashed_run_with_the_tokens_of_a_clean_one(tmp_path, monkeypatch):
+    """A run killed mid-way (and its last record line torn) is completed by ``resume``: every (drafter, prompt,
+    repeat) once, each with the tokens an uninterrupted run decodes (fp32, counter-based draws)."""
+    from dspark_bench.runner import resume
+
+    target = tiny_target("llama")
+    monkeypatch.setattr(target, "render", lambda text: [3 + (ord(c) % 90) for c in text][:12])
+    prompts = [Prompt("ds", "custom", f"p{i}", i, f"prompt number {i} abc") for i in range(5)]
+    spec = RunSpec(target="tiny", drafters=("none", "ngram"), max_new_tokens=16, repeats=2, concurrency=2,
+                   warmup=False)
+    Run(spec, target, prompts, tmp_path / "clean").execute()
+    restore = _crashing(target, monkeypatch, at=40)
+    with pytest.raises(KeyboardInterrupt):
+        Run(spec, target, prompts, tmp_path / "run").execute()
+    restore()
+    kept = len(read_records(tmp_path / "run"))
+    assert 1 <= kept < 20
+    with open(tmp_path / "run" / "records.jsonl", "a") as f:
+        f.write('{"drafter": "none", "dataset": "ds", "prom')  # a record the crash cut short
+    summary, added = resume(tmp_path / "run", target, prompts)
+    assert added == 20 - kept and _tokens(tmp_path / "run") == _tokens(tmp_path / "clean")
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["unfinished"] == [] and manifest["resumed"][-1]["kept"] == kept
+    assert manifest["resumed"][-1]["requests"] == 20 - kept and "finished" in manifest["resumed"][-1]
+    assert {g["drafter"] for g in summary["groups"]} == {"none", "ngram"}
+    assert resume(tmp_path / "run", target, prompts)[1] == 0  # a complete run: nothing to add
+
+
+def test_resume_completes_what_a_dead_worker_left(tmp_path, monkeypatch):
+    """Sharded run (the Ray path without Ray): worker 1 dies mid-shard; the joined folder lists its unfinished
+    requests, and ``resume`` decodes exactly those, giving the single-process run's tokens."""
+    from dspark_bench.ray_run import join_shards, shard_chunks
+    from dspark_bench.runner import resume
+
+    target = tiny_target("llama")
+    monkeypatch.setattr(target, "render", lambda text: [3 + (ord(c) % 90) for c in text][:12])
+    prompts = [Prompt("ds", "custom", f"p{i}", i, f"prompt number {i} abc") for i in range(6)]
+    spec = RunSpec(target="tiny", drafters=("none", "ngram"), max_new_tokens=16, concurrency=1, warmup=False)
+    Run(spec, target, prompts, tmp_path / "one").execute()
+    shards = shard_chunks(len(prompts), spec.concurrency, 2)
+    folders = [tmp_path / "two" / "shards" / f"worker-{i}" for i in range(2)]
+    Run(spec, target, [prompts[j] for j in shards[0]], folders[0]).execute()
+    restore = _crashing(target, monkeypatch, at=20)
+    with pytest.raises(KeyboardInterrupt):
+        Run(spec, target, [prompts[j] for j in shards[1]], folders[1]).execute()
+    restore()
+    join_shards(spec, prompts, tmp_path / "two", shards, folders, {0: "ok", 1: "failed: killed"}, None)
+    unfinished = json.loads((tmp_path / "two" / "manifest.json").read_text())["unfinished"]
+    lost = {(u["drafter"], u["prompt_id"]) for u in unfinished}
+    assert lost and all(int(p[1:]) in shards[1] for _, p in lost)  # only the dead worker's requests
+    _, added = resume(tmp_path / "two", target, prompts)
+    assert added == len(lost) and _tokens(tmp_path / "two") == _tokens(tmp_path / "one")
