@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -150,14 +149,6 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
         summary = Run(spec, tgt, prompts, folder, on_record=progress.update).execute()
     _print_summary(summary)
     stdout.print(f"results written to [bold]{folder}[/]")
-
-
-def _load_average() -> list[float] | None:
-    """The machine's 1/5/15-minute load averages (what else ran beside a timing), where the OS reports them."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
 
 
 def _resume(ctx: click.Context, folder: Path, cache_dir: str | None) -> None:
@@ -424,14 +415,15 @@ def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size
         torch.set_num_threads(threads)
     prompts = load_suite(suite, limit)
     tgt = Target.load(target, dtype=dtype, device=device)
-    load_before, started = _load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    from dspark_bench.results import environment, load_average
+
+    load_before, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     result = run_bench(tgt, build_requests(tgt, prompts, spec.seed), spec, parse_options(drafter_opts),
                        log=console.print)
     result["target"] = {"name": target, "dtype": dtype, "device": str(tgt.device)}
-    from dspark_bench.results import environment
-
+    # the load average before and after the measurement: what else ran beside it
     result["environment"] = {**environment(), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                             "load_average_1_5_15": {"before": load_before, "after": _load_average()}}
+                             "load_before_1_5_15": load_before}
     result["machine"] = {"torch_threads": torch.get_num_threads(),
                          "cuda": torch.cuda.get_device_name(0) if tgt.device.type == "cuda" else None}
     Path(out).mkdir(parents=True, exist_ok=True)

@@ -167,6 +167,8 @@ def drop_torn_tail(folder: str | Path) -> int:
     """Cut a last line of ``records.jsonl`` that a crash left half written (no newline, or not JSON), so the
     records before it can be read and resumed; returns the bytes cut (0 when the file ends cleanly)."""
     path = Path(folder) / RECORDS
+    if not path.is_file():
+        return 0
     data = path.read_bytes()
     end = data.rstrip(b"\n").rfind(b"\n") + 1  # start of the last non-empty line
     last = data[end:]
@@ -213,10 +215,17 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        # what else was running when the record started: timings taken under load say so here
-        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "load_average_1_5_15": load_average(),  # what else ran when it started: timings under load say so here
     }
     return {"versions": versions, "git": _git_state(), "machine": machine}
+
+
+def load_average() -> list[float] | None:
+    """The machine's 1/5/15-minute load averages, where the OS reports them."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def _git_state() -> dict[str, Any]:

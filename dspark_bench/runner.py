@@ -220,8 +220,9 @@ class Run:
                              if (d, p.dataset, p.prompt_id, k) not in done]
                     for d in spec.drafters for k in range(spec.repeats)}
             engines = {d: self._engine(d) for d in spec.drafters if any(todo[(d, k)] for k in range(spec.repeats))}
+            env = environment()  # the resuming checkout and machine, which need not be the first ones
             entry = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": len(records),
-                     "requests": sum(len(v) for v in todo.values())}
+                     "requests": sum(len(v) for v in todo.values()), "git": env["git"], "machine": env["machine"]}
             manifest = {**manifest, "resumed": [*manifest.get("resumed", []), entry]}
             writer = stack.enter_context(RunWriter(self.out, manifest, append=True))
         if spec.warmup and engines:
