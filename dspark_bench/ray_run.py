@@ -1,14 +1,16 @@
 """``dspark-bench run --workers N [--ray-address ADDR]``: a run's prompts sharded across N Ray workers.
 
-Sharding is by chunk (``concurrency`` consecutive prompts, the unit our runner decodes together), chunk c to worker
-``c mod N``, so every batch holds the same requests as in a single-process run and, with per-request seeds, the
-same tokens (identical at fp32). Each worker (a Ray task, one GPU each where there are GPUs) loads the target and
-runs :class:`~dspark_bench.runner.Run` on its shard into ``OUT/shards/worker-i``; the driver then writes one run
-folder: the records of every worker in the single-process order (repeat, chunk, drafter, completion), the merged
-manifest (``workers``, each worker's ``shard`` of prompt ids and its state) and the summary over all records
-(:func:`dspark_bench.metrics.summarize`). A worker that dies loses only its requests that had not finished:
-its records written so far are kept (they are flushed one by one), the manifest lists the rest under
-``unfinished``, and ``dspark-bench run --resume OUT`` decodes them (in one process, :func:`runner.resume`). Ray does the scheduling, placement and failure detection; nothing here re-implements it.
+Sharding is by chunk (``concurrency`` consecutive prompts), chunk c to worker ``c mod N``. Every draw is keyed
+by (request seed, position, purpose), so a request's tokens do not depend on the batch it shares, and the sharded
+run decodes the same tokens as a single-process one (identical at fp32); only the queue each round saw
+(``waiting``) differs, since a shard queues fewer requests. Each worker (a Ray task, one GPU each where there are
+GPUs) loads the target and runs :class:`~dspark_bench.runner.Run` on its shard into ``OUT/shards/worker-i``; the
+driver then writes one run folder: the records of every worker ordered by repeat, chunk and drafter (then
+completion), the merged manifest (``workers``, each worker's ``shard`` of prompt ids and its state) and the
+summary over all records (:func:`dspark_bench.metrics.summarize`). A worker that dies loses only its requests
+that had not finished: its records written so far are kept (they are flushed one by one), the manifest lists the
+rest under ``unfinished``, and ``dspark-bench run --resume OUT`` decodes them (in one process,
+:func:`runner.resume`). Ray does the scheduling, placement and failure detection; nothing here re-implements it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def shard_chunks(n_prompts: int, concurrency: int, workers: int) -> list[list[in
 
 
 def ordered(records: Sequence[Any], prompts: Sequence[Prompt], concurrency: int, drafters: Sequence[str]) -> list:
-    """Records in a single-process run's order: repeat, chunk, drafter, then as they finished (stable)."""
+    """Records ordered by repeat, chunk and drafter, then as they finished (stable)."""
     pos = {(p.dataset, p.prompt_id): i for i, p in enumerate(prompts)}
     rank = {d: i for i, d in enumerate(drafters)}
     return sorted(records, key=lambda r: (r.repeat, pos[(r.dataset, r.prompt_id)] // concurrency, rank[r.drafter]))
