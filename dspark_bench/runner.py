@@ -215,10 +215,10 @@ class Run:
             writer = stack.enter_context(RunWriter(self.out, manifest))
         else:
             manifest, records = resume
-            done = {record_key(r) for r in records}
-            todo = {(d, k): [q for q, p in zip(requests, self.prompts, strict=True)
-                             if (d, p.dataset, p.prompt_id, k) not in done]
-                    for d in spec.drafters for k in range(spec.repeats)}
+            by_prompt = {(p.dataset, p.prompt_id): q for q, p in zip(requests, self.prompts, strict=True)}
+            todo = {(d, k): [] for d in spec.drafters for k in range(spec.repeats)}
+            for m in missing_keys(spec, self.prompts, records):  # in prompt order
+                todo[(m["drafter"], m["repeat"])].append(by_prompt[(m["dataset"], m["prompt_id"])])
             engines = {d: self._engine(d) for d in spec.drafters if any(todo[(d, k)] for k in range(spec.repeats))}
             env = environment()  # the resuming checkout and machine, which need not be the first ones
             entry = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": len(records),
