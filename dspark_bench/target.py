@@ -281,18 +281,15 @@ class Target:
         return Features(f.layers[start:], f.final[start:]).head(n)
 
     def _forward(self, batch, ids, real, positions, taps, last_only: bool = False) -> StepOutput:
-        """One forward of [R, L] new tokens against the cache with an explicit 4-D mask. Tapped layers are read
-        with forward hooks (no other layer's states are kept); ``last_only``: logits of the last column only."""
+        """One forward of [R, L] new tokens against the cache. The mask is explicit (4-D) where the cache has a hole
+        or a pad; where every column is valid, column = position in every row and the model's own causal mask
+        is the same mask (without it SDPA skips the bias: 2% of a decode step at concurrency 1 on the CPU).
+        Tapped layers are read with forward hooks (no other layer's states are kept); ``last_only``: logits of
+        the last column only."""
         rows, width = ids.shape
         old = batch.columns
         mask = np.concatenate([batch.mask, real], axis=1) if old else real  # [R, C+L], host
-        valid = to_device(torch.from_numpy(mask), self.device)  # the forward's one host-to-device mask copy
-        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
-        allowed = valid.unsqueeze(1).expand(rows, width, old + width).clone()  # [R, L, C+L]
-        allowed[:, :, old:] &= causal
-        allowed |= ~allowed.any(-1, keepdim=True)  # left-pad query rows: no fully masked row (NaN risk in CUDA SDPA)
-        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        bias.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        bias = None if mask.all() else self._mask_bias(mask, width)  # no hole, no padding: HF's own causal mask
         if taps:
             self._check_taps(taps)
         tapped: dict[int, torch.Tensor] = {}
@@ -301,7 +298,7 @@ class Target:
             with torch.inference_mode():
                 out = self.model.model(
                     input_ids=ids,
-                    attention_mask=bias.unsqueeze(1),
+                    attention_mask=bias,
                     position_ids=positions,
                     use_cache=True,
                     **{self._cache_kwarg: batch.cache},
@@ -317,6 +314,18 @@ class Target:
         else:  # no tapped layers asked for: the final hidden state alone (what MTP conditions on)
             layers = final.new_zeros(rows, width, 0, final.shape[-1])
         return StepOutput(logits, [Features(layers[r], final[r]) for r in range(rows)])
+
+    def _mask_bias(self, mask: np.ndarray, width: int) -> torch.Tensor:
+        """Additive attention bias [R, 1, L, C+L] for the host mask [R, C+L] of a forward of L new columns: a
+        query sees the valid cache columns and the block's real columns up to its own."""
+        rows, old = mask.shape[0], mask.shape[1] - width
+        valid = to_device(torch.from_numpy(mask), self.device)  # the forward's one host-to-device mask copy
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        allowed = valid.unsqueeze(1).expand(rows, width, old + width).clone()  # [R, L, C+L]
+        allowed[:, :, old:] &= causal
+        allowed |= ~allowed.any(-1, keepdim=True)  # left-pad query rows: no fully masked row (NaN risk in CUDA SDPA)
+        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return bias.masked_fill_(~allowed, torch.finfo(self.dtype).min).unsqueeze(1)
 
     def _tap_module(self, tap: int) -> torch.nn.Module:
         """The module whose output is tap ``tap``: the input embedding for -1 (``hidden_states[0]``; a plain

@@ -82,28 +82,64 @@ class Draws:
     token: torch.Tensor
 
 
-def to_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Sampling distribution for ``logits`` (``[..., V]``) at ``temperature``, in float32.
+def to_probs(logits: torch.Tensor, temperature: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Sampling distribution for ``logits`` (``[..., V]``) at ``temperature``, in float32 (written into ``out``
+    when given: a float32 tensor of the same shape, e.g. one slot of a preallocated [R, G, V] law).
 
     Temperature 0 gives the one-hot distribution of the argmax (greedy decoding).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
-        out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        hot = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device) if out is None else out.zero_()
+        return hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     scaled = logits.float() if temperature == 1 else logits.float() / temperature  # x / 1 == x: skip the copy
-    return torch.softmax(scaled, dim=-1)
+    return torch.softmax(scaled, dim=-1) if out is None else torch.softmax(scaled, dim=-1, out=out)
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draws: one token per row of ``probs`` ([..., V], need not be normalised) from the uniform
     ``u`` ([...], float64), as a long tensor [...] on the same device. Never a token with zero mass: when ``u``
-    times the total rounds up to the total, the last token with mass is taken."""
-    cdf = torch.cumsum(probs.double(), dim=-1)  # [..., V]
-    total = cdf[..., -1:].contiguous()
-    idx = torch.searchsorted(cdf, (u.to(cdf.device).double().unsqueeze(-1) * total).contiguous(), right=True)
-    last = torch.searchsorted(cdf, total, right=False)  # the first index where the CDF reaches the total
+    times the total rounds up to the total, the last token with mass is taken.
+
+    The CDF is float64 throughout. A large vocabulary is searched in two levels, so that no [..., V] float64
+    copy is made: the CDF of the float64 masses of blocks of :func:`sample_block` tokens finds the block that
+    holds ``u`` times the total, and the CDF of that block's own tokens finds the token. This is the inverse
+    CDF of the same law as one full cumulative sum; the two differ only in the float64 rounding of cut points."""
+    u = u.to(probs.device).double().unsqueeze(-1)  # [..., 1]
+    block = sample_block(probs.shape[-1])
+    if not block:
+        cdf = torch.cumsum(probs.double(), dim=-1)
+        return _search(cdf, u * cdf[..., -1:])
+    blocks = probs.unflatten(-1, (probs.shape[-1] // block, block))  # [..., nb, block], a view
+    cdf = torch.cumsum(blocks.double().sum(-1), dim=-1)  # [..., nb]: the block CDF (a cast and a sum beat
+    # sum(dtype=float64), which is not vectorised on CPU)
+    point = u * cdf[..., -1:]  # [..., 1]: u times the total
+    j = _search(cdf, point)  # the block holding the point
+    before = torch.where(j > 0, cdf.gather(-1, (j - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1), 0.0)
+    inside = blocks.gather(-2, j.view(*j.shape, 1, 1).expand(*j.shape, 1, block)).squeeze(-2).double()
+    return j * block + _search(torch.cumsum(inside, dim=-1), point - before.unsqueeze(-1))
+
+
+_BLOCK = 256  # tokens per block of the two-level search (a power of two)
+
+
+def sample_block(vocab: int) -> int:
+    """Block size of :func:`sample`'s two-level search for a vocabulary of ``vocab`` tokens: the largest power
+    of two from 256 down to 32 that divides it into at least 8 blocks, or 0 (one level: a full float64 CDF)."""
+    block = _BLOCK
+    while block >= 32:
+        if vocab % block == 0 and vocab // block >= 8:
+            return block
+        block //= 2
+    return 0
+
+
+def _search(cdf: torch.Tensor, point: torch.Tensor) -> torch.Tensor:
+    """The first index [...] whose ``cdf`` ([..., n], float64) exceeds ``point`` ([..., 1]), clamped to the last
+    index with mass (the first where the CDF reaches its total)."""
+    idx = torch.searchsorted(cdf, point.contiguous(), right=True)
+    last = torch.searchsorted(cdf, cdf[..., -1:].contiguous(), right=False)
     return torch.minimum(idx, last).squeeze(-1)
 
 
@@ -111,9 +147,10 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The recovered-token law ``normalize(max(0, p - q))`` per row ([..., V] each, float64), falling back to
     ``p`` (normalised) in a row whose residual mass is numerically empty."""
     p = p.double()
-    r = (p - q.double()).clamp_min_(0.0)
+    r = (p - q).clamp_min_(0.0)  # float64: q is promoted, exactly
     mass = r.sum(-1, keepdim=True)
-    return torch.where(mass <= _RESIDUAL_EPS, p / p.sum(-1, keepdim=True), r / mass.clamp_min(_RESIDUAL_EPS))
+    empty = mass <= _RESIDUAL_EPS
+    return torch.where(empty, p, r).div_(torch.where(empty, p.sum(-1, keepdim=True), mass))
 
 
 def one_hot(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -145,18 +182,14 @@ def correction_law(
     """Law [R, V] (float64) of the target's own token after ``accepted`` survivors: the residual at the first
     rejection (A < l), else the bonus law p_l."""
     rows, k = draft.shape
-    vocab = p.shape[-1]
-    at = accepted.view(rows, 1, 1).expand(rows, 1, vocab)
-    p_a = p.gather(1, at).squeeze(1).double()  # [R, V]
+    at = torch.arange(rows, device=p.device)
+    p_a = p[at, accepted]  # [R, V]: one row per request (an index copy, not a gather over V)
     if k == 0:
-        return p_a
+        return p_a.double()
     j = accepted.clamp(max=k - 1)
-    if q is None:
-        q_a = one_hot(draft.gather(1, j.view(rows, 1)).squeeze(1), vocab)
-    else:
-        q_a = q.gather(1, j.view(rows, 1, 1).expand(rows, 1, vocab)).squeeze(1)
     rejected = (accepted < lengths).unsqueeze(-1)
-    return torch.where(rejected, residual(p_a, q_a), p_a)
+    q_a = one_hot(draft[at, j], p.shape[-1]) if q is None else q[at, j]
+    return residual(p_a, q_a.mul_(rejected))  # q_a = 0 in a row that took the bonus: its residual is p_l
 
 
 def check_shapes(p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None, lengths: torch.Tensor) -> None:

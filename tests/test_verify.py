@@ -16,6 +16,7 @@ from dspark_bench.verify import (
     correction_law,
     residual,
     sample,
+    sample_block,
     speculative_accept,
     to_probs,
 )
@@ -226,6 +227,25 @@ def test_sample_follows_probs_and_skips_zero_mass():
     assert abs((draws == 3).float().mean().item() - 0.75) < 0.03
     edge = sample(probs.expand(2, -1), torch.tensor([0.0, 1.0 - 1e-17], dtype=torch.float64))
     assert edge.tolist() == [1, 3]  # u = 0 takes the first token with mass; u -> 1 the last one, never a zero
+
+
+@pytest.mark.parametrize("vocab", [49152, 151936, 4000])
+def test_two_level_sample_is_the_full_inverse_cdf(vocab):
+    """The block search of a large vocabulary picks the token one float64 CDF over all V picks, for random laws
+    with zero-mass tokens, the edge uniforms, and a strided [R, k, V] slice like the engine's."""
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(6, 5, vocab, generator=g) * 4
+    logits[..., torch.rand(vocab, generator=g) < 0.3] = -float("inf")
+    probs = torch.softmax(logits, -1)[:, :4]  # [6, 4, V], not contiguous across rows
+    u = torch.rand(6, 4, dtype=torch.float64, generator=g)
+    u[0, 0], u[0, 1] = 0.0, 1.0 - 1e-16
+    cdf = torch.cumsum(probs.double(), -1)
+    want = torch.searchsorted(cdf, (u.unsqueeze(-1) * cdf[..., -1:]).contiguous(), right=True).squeeze(-1)
+    want = torch.minimum(want, torch.searchsorted(cdf, cdf[..., -1:].contiguous()).squeeze(-1))
+    assert sample_block(vocab) > 0
+    got = sample(probs, u)
+    assert torch.equal(got, want)
+    assert (probs.gather(-1, got.unsqueeze(-1)) > 0).all()
 
 
 def test_bad_shapes_rejected():

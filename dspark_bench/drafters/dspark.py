@@ -138,8 +138,7 @@ def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, he
                 bias, state = head.step(h[:, k], prev, state)
                 logits = logits + bias
         with timer.span("sample"):
-            q[:, k] = to_probs(logits, temperature)
-            tokens[:, k] = prev = sample(q[:, k], u[:, k])
+            tokens[:, k] = prev = sample(to_probs(logits, temperature, out=q[:, k]), u[:, k])
     return tokens, q, torch.stack(prevs, dim=1)
 
 

@@ -340,13 +340,12 @@ class ChainDrafter(Drafter):
         starts = to_device([s.state.length for s in slots], device).unsqueeze(1)
         u = ctx.draft_uniforms(steps, device)  # [R, steps]
         tokens = torch.zeros(len(slots), steps, dtype=torch.long, device=device)
-        q = torch.zeros(len(slots), steps, self.target.vocab_size, device=device)
+        q = torch.empty(len(slots), steps, self.target.vocab_size, device=device)  # every slot is written
         for j in range(steps):
             with timer.span("forward"):
                 logits = self.model.logits(hidden[:, -1])
             with timer.span("sample"):
-                q[:, j] = to_probs(logits, ctx.temperature)  # [R, V]
-                tokens[:, j] = sample(q[:, j], u[:, j])
+                tokens[:, j] = sample(to_probs(logits, ctx.temperature, out=q[:, j]), u[:, j])  # q[:, j]: [R, V]
             if j == steps - 1:
                 break
             with timer.span("forward"):
