@@ -172,6 +172,28 @@ def acceptance_probs(
     return torch.where(p_x >= q_x, torch.ones_like(p_x), p_x / q_x)
 
 
+def correction_weights(
+    p: torch.Tensor,  # [R, k+1, V]
+    draft: torch.Tensor,  # [R, k]
+    q: torch.Tensor | None,  # [R, k, V] or None
+    accepted: torch.Tensor,  # [R] long, A
+    lengths: torch.Tensor,  # [R] long, l
+) -> torch.Tensor:
+    """Weights [R, V] (float64, not normalised: :func:`sample` needs no normalisation) of the target's own token
+    after ``accepted`` survivors: ``max(0, p_A - q_{A+1})`` at the first rejection (A < l; ``p_A`` where that
+    is numerically empty), else the bonus law ``p_l``. :func:`correction_law` is the same law normalised."""
+    rows, k = draft.shape
+    at = torch.arange(rows, device=p.device)
+    p_a = p[at, accepted].double()  # [R, V]: one row per request (an index copy, not a gather over V)
+    if k == 0:
+        return p_a
+    j = accepted.clamp(max=k - 1)
+    q_a = one_hot(draft[at, j], p.shape[-1]) if q is None else q[at, j]
+    r = (p_a - q_a).clamp_min_(0.0)  # float64: q is promoted, exactly
+    use = (accepted < lengths).unsqueeze(-1) & (r.sum(-1, keepdim=True) > _RESIDUAL_EPS)
+    return torch.where(use, r, p_a)
+
+
 def correction_law(
     p: torch.Tensor,  # [R, k+1, V]
     draft: torch.Tensor,  # [R, k]
@@ -180,16 +202,9 @@ def correction_law(
     lengths: torch.Tensor,  # [R] long, l
 ) -> torch.Tensor:
     """Law [R, V] (float64) of the target's own token after ``accepted`` survivors: the residual at the first
-    rejection (A < l), else the bonus law p_l."""
-    rows, k = draft.shape
-    at = torch.arange(rows, device=p.device)
-    p_a = p[at, accepted]  # [R, V]: one row per request (an index copy, not a gather over V)
-    if k == 0:
-        return p_a.double()
-    j = accepted.clamp(max=k - 1)
-    rejected = (accepted < lengths).unsqueeze(-1)
-    q_a = one_hot(draft[at, j], p.shape[-1]) if q is None else q[at, j]
-    return residual(p_a, q_a.mul_(rejected))  # q_a = 0 in a row that took the bonus: its residual is p_l
+    rejection (A < l), else the bonus law p_l (:func:`correction_weights`, normalised)."""
+    w = correction_weights(p, draft, q, accepted, lengths)
+    return w / w.sum(-1, keepdim=True)
 
 
 def check_shapes(p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None, lengths: torch.Tensor) -> None:
@@ -241,7 +256,7 @@ def speculative_accept(
     passed = (draws.accept.to(p.device) < acceptance_probs(p, draft, q)) & live  # 1. tests (float64)
     accepted = leading_accepts(passed)  # 2.
     stop, accepted_eos = eos_stop(draft, accepted, eos_ids)  # 3.
-    token = sample(correction_law(p, draft, q, accepted, lengths), draws.token)  # 4.
+    token = sample(correction_weights(p, draft, q, accepted, lengths), draws.token)  # 4.
     return Verdicts(accepted_eos, torch.where(stop, torch.full_like(token, -1), token), stop)
 
 
