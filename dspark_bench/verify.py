@@ -143,14 +143,19 @@ def _search(cdf: torch.Tensor, point: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx, last).squeeze(-1)
 
 
+def residual_weights(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``max(0, p - q)`` per row ([..., V] each, float64, not normalised), or ``p`` in a row where that mass is
+    numerically empty (a rejection cannot have happened there in exact arithmetic)."""
+    p = p.double()
+    r = (p - q).clamp_min_(0.0)  # float64: q is promoted, exactly
+    return torch.where(r.sum(-1, keepdim=True) > _RESIDUAL_EPS, r, p)
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The recovered-token law ``normalize(max(0, p - q))`` per row ([..., V] each, float64), falling back to
     ``p`` (normalised) in a row whose residual mass is numerically empty."""
-    p = p.double()
-    r = (p - q).clamp_min_(0.0)  # float64: q is promoted, exactly
-    mass = r.sum(-1, keepdim=True)
-    empty = mass <= _RESIDUAL_EPS
-    return torch.where(empty, p, r).div_(torch.where(empty, p.sum(-1, keepdim=True), mass))
+    w = residual_weights(p, q)
+    return w / w.sum(-1, keepdim=True)
 
 
 def one_hot(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -184,14 +189,12 @@ def correction_weights(
     is numerically empty), else the bonus law ``p_l``. :func:`correction_law` is the same law normalised."""
     rows, k = draft.shape
     at = torch.arange(rows, device=p.device)
-    p_a = p[at, accepted].double()  # [R, V]: one row per request (an index copy, not a gather over V)
+    p_a = p[at, accepted]  # [R, V]: one row per request (an index copy, not a gather over V)
     if k == 0:
-        return p_a
+        return p_a.double()
     j = accepted.clamp(max=k - 1)
     q_a = one_hot(draft[at, j], p.shape[-1]) if q is None else q[at, j]
-    r = (p_a - q_a).clamp_min_(0.0)  # float64: q is promoted, exactly
-    use = (accepted < lengths).unsqueeze(-1) & (r.sum(-1, keepdim=True) > _RESIDUAL_EPS)
-    return torch.where(use, r, p_a)
+    return residual_weights(p_a, q_a.mul_((accepted < lengths).unsqueeze(-1)))  # q = 0 where the bonus is drawn
 
 
 def correction_law(
