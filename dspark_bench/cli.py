@@ -417,13 +417,15 @@ def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size
     tgt = Target.load(target, dtype=dtype, device=device)
     from dspark_bench.results import environment, load_average
 
-    load_before, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    # the checkout and machine as the measurement starts (a commit made while it runs is not what it measured)
+    env, started = environment(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     result = run_bench(tgt, build_requests(tgt, prompts, spec.seed), spec, parse_options(drafter_opts),
                        log=console.print)
     result["target"] = {"name": target, "dtype": dtype, "device": str(tgt.device)}
     # the load average before and after the measurement: what else ran beside it
-    result["environment"] = {**environment(), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                             "load_before_1_5_15": load_before}
+    result["environment"] = {**env, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                             "load_before_1_5_15": env["machine"]["load_average_1_5_15"],
+                             "load_after_1_5_15": load_average()}
     result["machine"] = {"torch_threads": torch.get_num_threads(),
                          "cuda": torch.cuda.get_device_name(0) if tgt.device.type == "cuda" else None}
     Path(out).mkdir(parents=True, exist_ok=True)
