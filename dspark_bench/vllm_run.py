@@ -17,7 +17,7 @@ from typing import Any
 
 from dspark_bench.metrics import summarize
 from dspark_bench.results import SCHEMA_VERSION, SUMMARY, RequestRecord, RunWriter, environment, write_json
-from dspark_bench.runner import RunSpec, _chunks
+from dspark_bench.runner import RunSpec
 from dspark_bench.suites import Prompt
 from dspark_bench.vllm_engine import (
     VllmEngine,
@@ -36,6 +36,13 @@ from dspark_bench.vllm_engine import (
 )
 
 WARMUP_TOKENS = 8
+
+
+def groups(requests: Sequence[VllmRequest], size: int) -> list[Sequence[VllmRequest]]:
+    """The requests in consecutive groups of ``size``, one ``LLM.generate`` call each. vLLM batches a group
+    continuously, but the batch drains at the group's end: a run does not hold ``size`` requests in flight the
+    way our engine's runner does (the counter-difference metric source needs the group boundaries)."""
+    return [requests[i : i + size] for i in range(0, len(requests), size)]
 
 
 def vllm_requests(tokenizer, prompts: Sequence[Prompt], seed: int) -> list[VllmRequest]:
@@ -111,7 +118,7 @@ class VllmRun:
             engine.counter_check.clear()
             engine.wall_s, engine.output_tokens = 0.0, 0
         for repeat in range(spec.repeats):
-            for group in _chunks(requests, spec.concurrency):
+            for group in groups(requests, spec.concurrency):
                 for rec in engine.run(group, spec.temperature, spec.max_new_tokens, repeat, spec.concurrency):
                     writer.add(rec)
                     out.append(rec)
