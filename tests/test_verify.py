@@ -245,6 +245,7 @@ def test_two_level_sample_is_the_full_inverse_cdf(vocab):
     assert sample_block(vocab) > 0
     got = sample(probs, u)
     assert torch.equal(got, want)
+    assert torch.equal(sample(probs[0, :2], u[0, :2]), want[0, :2])  # under 4 rows: one level, the same tokens
     assert (probs.gather(-1, got.unsqueeze(-1)) > 0).all()
 
 
