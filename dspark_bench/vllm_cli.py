@@ -35,7 +35,7 @@ def with_shipped_exports(spec, folder: Path, cache_dir: Path | None = None):
 def run_vllm(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip, max_new_tokens,
              temperature, block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine_opt) -> None:
     """``run --engine vllm``: the same prompts, seeds and run folder as ``run``, decoded by vLLM."""
-    from dspark_bench.cli import _print_summary, _RunProgress
+    from dspark_bench.cli import _print_summary, _RunProgress, resolve_block_size
     from dspark_bench.engine import EngineConfig
     from dspark_bench.runner import RunSpec
     from dspark_bench.suites import load_suite
@@ -48,6 +48,8 @@ def run_vllm(target, drafter_list, drafter_opt, scheduler, profile_path, suite, 
         raise VllmError(f"--engine vllm has no method {', '.join(unknown)}; methods: {', '.join(METHODS)}")
     if repeats < 1:
         raise click.BadParameter(f"--repeats must be >= 1, got {repeats}")
+    # num_speculative_tokens: --block-size, else what the drafters' checkpoints (ours, exported) were trained for
+    block_size = resolve_block_size(block_size, names, parse_options(drafter_opt), target)
     EngineConfig(max_new_tokens, temperature, block_size, concurrency)  # validates the numbers early
     spec = RunSpec(target=target, drafters=names, drafter_options=parse_options(drafter_opt), scheduler=scheduler,
                    profile=profile_path, suite=suite, limit=parse_limit(limit), skip=skip,
