@@ -177,6 +177,17 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def full_causal(config) -> bool:
+    """Whether every layer of the model attends to the whole causal past (no sliding window, no chunked attention),
+    so that the model's own causal mask equals the explicit one :meth:`Target._forward` builds."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    if getattr(config, "attention_chunk_size", None):
+        return False
+    return not getattr(config, "sliding_window", None) or getattr(config, "use_sliding_window", True) is False
+
+
 class Target:
     """A frozen causal LM with prefill / block-forward / keep / drop / merge over a :class:`KVBatch`."""
 
@@ -195,6 +206,7 @@ class Target:
         # transformers renamed past_key_values to cache (5.2x); accept whichever this version's model takes
         params = inspect.signature(self.model.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._own_mask_ok = full_causal(self.config)
 
     @classmethod
     def load(cls, name: str = EMBEDDED, dtype: str = "bf16", cache_dir: Path | None = None, device=None) -> Target:
@@ -282,14 +294,16 @@ class Target:
 
     def _forward(self, batch, ids, real, positions, taps, last_only: bool = False) -> StepOutput:
         """One forward of [R, L] new tokens against the cache. The mask is explicit (4-D) where the cache has a hole
-        or a pad; where every column is valid, column = position in every row and the model's own causal mask
-        is the same mask (without it SDPA skips the bias: 2% of a decode step at concurrency 1 on the CPU).
+        or a pad; where every column is valid, column = position in every row and, in a model with full
+        attention in every layer (:func:`full_causal`), the model's own causal mask is the same mask (without it
+        SDPA skips the bias: 2% of a decode step at concurrency 1 on the CPU).
         Tapped layers are read with forward hooks (no other layer's states are kept); ``last_only``: logits of
         the last column only."""
         rows, width = ids.shape
         old = batch.columns
         mask = np.concatenate([batch.mask, real], axis=1) if old else real  # [R, C+L], host
-        bias = None if mask.all() else self._mask_bias(mask, width)  # no hole, no padding: HF's own causal mask
+        own = self._own_mask_ok and mask.all()  # no hole, no pad, full attention: HF's own causal mask is ours
+        bias = None if own else self._mask_bias(mask, width)
         if taps:
             self._check_taps(taps)
         tapped: dict[int, torch.Tensor] = {}

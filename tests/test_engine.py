@@ -209,6 +209,35 @@ def test_batch_is_held_while_the_queue_has_requests(tiny):
     assert any(x.batch < 4 for x in rounds if x.waiting == 0)  # the tail drains once nothing is left to admit
 
 
+def test_model_mask_only_where_it_equals_ours(monkeypatch):
+    """A forward with every cache column valid leaves the causal mask to the model, with the same logits; a model
+    with a sliding window (its own mask would differ from ours) always gets the explicit mask."""
+    from transformers import LlamaConfig, MistralConfig, Qwen3Config
+
+    from dspark_bench.target import full_causal
+
+    assert full_causal(LlamaConfig()) and full_causal(Qwen3Config(use_sliding_window=False))
+    assert not full_causal(MistralConfig(sliding_window=64))
+    assert not full_causal(Qwen3Config(use_sliding_window=True, max_window_layers=1, num_hidden_layers=2))
+    prompt = random_prompts(1, seed=5)[0]
+    target = tiny_target("llama")
+    built = []
+    explicit = target._mask_bias
+    monkeypatch.setattr(target, "_mask_bias", lambda mask, width: built.append(width) or explicit(mask, width))
+    batch, _ = target.prefill([prompt])
+    own = target.forward_block(batch, torch.tensor([[5, 6, 7]]), [3]).logits
+    assert built == []  # one row, no hole: the model's own mask
+    windowed = tiny_target("llama")
+    windowed.config.sliding_window = 64
+    windowed._own_mask_ok = full_causal(windowed.config)
+    explicit_w = windowed._mask_bias
+    monkeypatch.setattr(windowed, "_mask_bias", lambda mask, width: built.append(width) or explicit_w(mask, width))
+    batch, _ = windowed.prefill([prompt])
+    forced = windowed.forward_block(batch, torch.tensor([[5, 6, 7]]), [3]).logits
+    assert built == [len(prompt), 3]  # the prefill and the block both got the explicit mask
+    assert torch.allclose(own, forced, atol=1e-5)  # same weights (seed 0), the same mask either way
+
+
 def test_pack_moves_only_what_must_move():
     """The compaction plan keeps each row's valid columns in order, fits them in the new width, and leaves in
     place every column that fits: a row whose prefix starts at column 0 moves only its tail."""
