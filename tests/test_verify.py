@@ -207,6 +207,31 @@ def test_uniforms_are_a_function_of_the_key():
         rng.uniforms(seeds, pos, 99)
 
 
+def _splitmix_reference(seed: int, position: int, purpose: int) -> float:
+    """The key's uniform in plain Python integers (mod 2^64), written apart from rng.py's numpy arithmetic."""
+    def mix(x: int) -> int:
+        x = (x + 0x9E3779B97F4A7C15) % 2**64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+        return x ^ (x >> 31)
+
+    return (mix(mix(seed % 2**64) ^ ((position * 4 + purpose) % 2**64)) >> 11) / 2**53
+
+
+def test_uniforms_match_a_plain_integer_splitmix():
+    """The hash is SplitMix64 on (seed, 4 position + purpose), bit for bit, for negative and 63-bit seeds and any
+    input form (lists, tensors): the recorded runs' tokens depend on these exact values."""
+    seeds = [0, 1, -1, 980406, 2**62 + 12345, -(2**63)]
+    positions = [[0, 1, 7], [5, 6, 2**40], [3, 3, 3], [100, 101, 102], [9, 8, 7], [1, 2, 3]]
+    purposes = [rng.ACCEPT, rng.ACCEPT, rng.TARGET]
+    expected = [[_splitmix_reference(s, p, t) for p, t in zip(row, purposes, strict=True)]
+                for s, row in zip(seeds, positions, strict=True)]
+    for form in (lambda x: x, torch.tensor):
+        got = rng.uniforms(form(seeds), form(positions), purposes)
+        assert got.dtype == torch.float64 and got.tolist() == expected
+    assert rng.uniforms([7], [3], rng.DRAFT).tolist() == [_splitmix_reference(7, 3, rng.DRAFT)]
+
+
 def test_uniforms_are_uniform_and_uncorrelated():
     """Consecutive seeds and positions (how the engine keys them): the values pass a KS test, and neighbouring
     positions are uncorrelated."""

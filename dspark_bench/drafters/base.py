@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
 from dspark_bench import rng
@@ -65,9 +66,9 @@ class DraftContext:
         """Uniforms [R, n] (float64) for draft tokens 1..n of every slot: key (seed, position + j, DRAFT)."""
         from dspark_bench.target import to_device
 
-        device = device or self.target.device
-        seeds, start = to_device([[s.seed, s.position] for s in self.slots], device).reshape(-1, 2).T
-        return rng.uniforms(seeds, start[:, None] + torch.arange(1, n + 1, device=device), rng.DRAFT)
+        start = np.array([s.position for s in self.slots], dtype=np.int64)
+        u = rng.uniforms([s.seed for s in self.slots], start[:, None] + np.arange(1, n + 1), rng.DRAFT)
+        return to_device(u, device or self.target.device)
 
     def sample(self, probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """The one batched sampler: tokens [...] from probs [..., V] with uniforms u [...], timed as "sample"."""
