@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from dspark_bench.allocator import host_allocator
 from dspark_bench.metrics import summarize
 from dspark_bench.rounds import RequestResult
 
@@ -216,6 +217,7 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "load_average_1_5_15": load_average(),  # what else ran when it started: timings under load say so here
+        "allocator": host_allocator(),  # the host allocator policy (allocator.py); None: the C library's own
     }
     return {"versions": versions, "git": _git_state(), "machine": machine}
 

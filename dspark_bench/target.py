@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dspark_bench.allocator import host_allocator
+
 log = logging.getLogger(__name__)
 
 EMBEDDED = "smollm2-135m"
@@ -219,7 +221,10 @@ class Target:
         path = resolve_target(name, cache_dir)
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
-        return cls(model.to(device or pick_device()), tok, name)
+        device = torch.device(device or pick_device())
+        if device.type == "cpu":
+            host_allocator()  # rounds allocate tens of MiB: keep freed memory in the process (allocator.py)
+        return cls(model.to(device), tok, name)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
