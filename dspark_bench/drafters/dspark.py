@@ -123,23 +123,25 @@ def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, he
 
     Returns tokens [R, G], q [R, G, V] (the law each token was drawn from) and prev [R, G] (x_{k-1}), all on
     ``base``'s device. Token k depends on the backbone only through base[:, k] (and h[:, k] for gated/rnn) and
-    on x_{k-1}.
+    on x_{k-1}. q is a [G, R, V] buffer seen as [R, G, V], so that each step's softmax writes contiguous memory
+    (into a [:, k] slice it was 20-30% slower at 8-32 rows on the CPU).
     """
     timer = timer or Timer(base.device)
-    rows, size, _ = base.shape
-    tokens = torch.zeros(rows, size, dtype=torch.long, device=base.device)
-    q = torch.empty(base.shape, dtype=torch.float32, device=base.device)
-    prev, prevs, state = anchors.to(base.device), [], None
+    rows, size, vocab = base.shape
+    q = torch.empty(size, rows, vocab, dtype=torch.float32, device=base.device)
+    anchors = anchors.to(base.device)
+    prev, drawn, state = anchors, [], None
     for k in range(size):
-        prevs.append(prev)
         logits = base[:, k]
         if head is not None:
             with timer.span("head"):
                 bias, state = head.step(h[:, k], prev, state)
                 logits = logits + bias
         with timer.span("sample"):
-            tokens[:, k] = prev = sample(to_probs(logits, temperature, out=q[:, k]), u[:, k])
-    return tokens, q, torch.stack(prevs, dim=1)
+            prev = sample(to_probs(logits, temperature, out=q[k]), u[:, k])
+        drawn.append(prev)
+    tokens = torch.stack(drawn, dim=1)  # [R, G]
+    return tokens, q.transpose(0, 1), torch.cat([anchors.unsqueeze(1), tokens[:, :-1]], dim=1)
 
 
 class DSparkModel(BlockDraftModel):

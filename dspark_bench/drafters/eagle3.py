@@ -340,12 +340,13 @@ class ChainDrafter(Drafter):
         starts = to_device([s.state.length for s in slots], device).unsqueeze(1)
         u = ctx.draft_uniforms(steps, device)  # [R, steps]
         tokens = torch.zeros(len(slots), steps, dtype=torch.long, device=device)
-        q = torch.empty(len(slots), steps, self.target.vocab_size, device=device)  # every slot is written
+        q = torch.empty(steps, len(slots), self.target.vocab_size, device=device)  # [steps, R, V]: each step's
+        # softmax writes contiguous memory (see dspark.sample_markov); returned as [R, steps, V]
         for j in range(steps):
             with timer.span("forward"):
                 logits = self.model.logits(hidden[:, -1])
             with timer.span("sample"):
-                tokens[:, j] = sample(to_probs(logits, ctx.temperature, out=q[:, j]), u[:, j])  # q[:, j]: [R, V]
+                tokens[:, j] = sample(to_probs(logits, ctx.temperature, out=q[j]), u[:, j])  # q[j]: [R, V]
             if j == steps - 1:
                 break
             with timer.span("forward"):
@@ -353,7 +354,7 @@ class ChainDrafter(Drafter):
                 hidden, (k, v) = self.model(hidden, tokens[:, j : j + 1], starts + j, (keys, values), step_mask)
                 keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
                 valid = torch.cat([valid, valid.new_ones(len(slots), 1)], 1)
-        return Proposal(tokens, torch.full((len(slots),), steps, dtype=torch.long), q)
+        return Proposal(tokens, torch.full((len(slots),), steps, dtype=torch.long), q.transpose(0, 1))
 
 
 def check_taps(taps: tuple[int, ...], num_layers: int) -> None:
