@@ -8,8 +8,8 @@ engine measures the kernel's page zeroing. Measured on the 2-vCPU development ma
 SmolLM2-135M, the shipped DSpark at concurrency 32, one thread, under load from another job): one session of 32
 prompts took 2.0M minor page faults under the default policy and 0.46M under this one; interleaved round by round
 with ``none``, as the engine bench runs them, DSpark's overhead share went from 5.4% to 2.7% (2.5% for DSpark
-alone under the default policy: two sessions' churn is worse than one's). tcmalloc and jemalloc
-behave like the policy set here, which is why PyTorch's CPU performance guide recommends them.
+alone under the default policy: two sessions' churn is worse than one's). tcmalloc and jemalloc behave like the
+policy set here, which is why PyTorch's CPU performance guide recommends them.
 
 :func:`host_allocator` turns glibc's mmap off for this process (``M_MMAP_MAX`` = 0: every block comes from the
 heap) and raises its trim threshold to 1 GiB (freed memory stays for the next round), once per process. Raising
