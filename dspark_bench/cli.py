@@ -78,7 +78,8 @@ def main(verbose: bool) -> None:
                    "draft_model; --block-size = num_speculative_tokens).")
 @click.option("--engine-opt", multiple=True,
               help="vLLM option KEY=VALUE (repeatable; VALUE as JSON): an EngineArgs field such as "
-                   "tensor_parallel_size=2, or a SpeculativeConfig field such as enable_adaptive_verification=true.")
+                   "tensor_parallel_size=2, or a SpeculativeConfig field such as enable_adaptive_verification=true; "
+                   "or fix=NAME, a known vLLM bug's fix (dspark_bench/vllm_fixes.py).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="Shard the prompts (by chunk) across N Ray workers, each running our engine; one run folder.")
 @click.option("--ray-address", default=None, help="Ray cluster to use (default with --workers: a local Ray).")
@@ -513,7 +514,8 @@ def baseline_update(runs, name, root):
 @click.option("--engine", default="dspark", show_default=True, type=click.Choice(["dspark", "vllm"]),
               help="vllm: PIT/KS against the teacher-forced target and homogeneity against vLLM without "
                    "speculation, for each vLLM configuration in --drafter (default none,ngram).")
-@click.option("--engine-opt", multiple=True, help="vLLM EngineArgs option KEY=VALUE (with --engine vllm).")
+@click.option("--engine-opt", multiple=True,
+              help="With --engine vllm: an EngineArgs option KEY=VALUE, or fix=NAME (dspark_bench/vllm_fixes.py).")
 @friendly
 def check_lossless(target, drafter_list, scheduler_list, mode, seed, out, engine, engine_opt):
     """Statistical battery: speculative decoding must reproduce the target law; negative controls must fail."""

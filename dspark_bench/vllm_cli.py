@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from dspark_bench.cli_common import battery_table, console, friendly, parse_limit, parse_options, stdout
 
@@ -30,6 +31,36 @@ def with_shipped_exports(spec, folder: Path, cache_dir: Path | None = None):
             opts.setdefault(name, {})["model"] = str(exported)
             console.print(f"{name}: our shipped checkpoint, exported for vLLM to {exported}")
     return dataclasses.replace(spec, drafter_options=opts)
+
+
+def lossless_options(engine_opt, command: str) -> tuple[tuple[str, ...], dict]:
+    """(fixes, ``LLM`` options) of a vLLM lossless check from ``--engine-opt``: EngineArgs fields and ``fix``."""
+    from dspark_bench.vllm_engine import (
+        VllmError,
+        option_fields,
+        parse_engine_options,
+        platform_defaults,
+        split_engine_options,
+    )
+    from dspark_bench.vllm_fixes import split_fixes
+
+    fixes, rest = split_fixes(parse_engine_options(engine_opt))
+    llm_opts, spec_opts = split_engine_options(rest, *option_fields())
+    if spec_opts:
+        raise VllmError(f"{command} takes EngineArgs options and fix= only, not {sorted(spec_opts)}")
+    return fixes, {**platform_defaults(), **llm_opts}
+
+
+def engine_facts(fixes, speculative: bool) -> dict:
+    """lossless.json's ``engine``: vLLM's version and its known bugs (present? fixed?), warning on stderr about
+    an unfixed one that makes this check's speculative configurations lossy (T = 1)."""
+    from dspark_bench.vllm_engine import vllm_version
+    from dspark_bench.vllm_fixes import facts, warnings_for
+
+    bugs = facts(fixes)
+    for line in warnings_for(bugs, speculative):
+        console.print(f"[bold yellow]warning:[/] {escape(line)}")
+    return {"name": "vllm", "version": vllm_version(), "known_bugs": bugs}
 
 
 def run_vllm(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip, max_new_tokens,
@@ -78,15 +109,7 @@ def check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt) -> No
 
     from dspark_bench.stats import report_to_json
     from dspark_bench.target import resolve_target
-    from dspark_bench.vllm_engine import (
-        METHODS,
-        VllmError,
-        option_fields,
-        parse_engine_options,
-        platform_defaults,
-        require_vllm,
-        split_engine_options,
-    )
+    from dspark_bench.vllm_engine import METHODS, VllmError, require_vllm
     from dspark_bench.vllm_lossless import run_vllm_battery
 
     require_vllm()
@@ -94,21 +117,18 @@ def check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt) -> No
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise VllmError(f"--engine vllm has no method {', '.join(unknown)}; methods: {', '.join(METHODS)}")
-    llm_opts, spec_opts = split_engine_options(parse_engine_options(engine_opt), *option_fields())
-    if spec_opts:
-        raise VllmError(f"check-lossless --engine vllm takes EngineArgs options only, not {sorted(spec_opts)}")
-    llm_opts = {**platform_defaults(), **llm_opts}
+    fixes, llm_opts = lossless_options(engine_opt, "check-lossless --engine vllm")
     folder = Path(out) if out else Path(f"results/lossless-vllm-{time.strftime('%Y%m%d-%H%M%S')}")
     from dspark_bench.runner import RunSpec
 
     exports = with_shipped_exports(RunSpec(target=target, drafters=tuple(names)), folder).drafter_options
     report, evidence = run_vllm_battery(mode, target, names, seed, resolve_target(target), llm_opts,
-                                        progress=lambda msg: console.print(f"[dim]{msg}[/]"), drafter_options=exports)
+                                        progress=lambda msg: console.print(f"[dim]{msg}[/]"), drafter_options=exports,
+                                        fixes=fixes)
     stdout.print(battery_table(report, f"vLLM lossless check ({mode}, {target}): every configuration must pass"))
     folder.mkdir(parents=True, exist_ok=True)
-    from dspark_bench.vllm_engine import vllm_version
-
-    data = {**report_to_json(report), "engine": {"name": "vllm", "version": vllm_version()}, "evidence": evidence}
+    data = {**report_to_json(report), "engine": engine_facts(fixes, any(n != "none" for n in names)),
+            "evidence": evidence}
     (folder / "lossless.json").write_text(json.dumps(data, indent=2) + "\n")
     verdict = "[green]ok[/]" if report.ok else "[bold red]FAILED[/] (a configuration failed: see its evidence)"
     stdout.print(f"{verdict}; written to {folder / 'lossless.json'}")
@@ -185,25 +205,27 @@ def compare_engines(target, drafter_list, suite, limit, max_new_tokens, temperat
     VllmRun(vspec, prompts, out / "vllm", parse_engine_options(engine_opt),
             on_status=lambda msg: console.print(msg)).execute()
     if lossless_mode:
-        _lossless_both(target, names, served, lossless_mode, seed, out, ours)
+        _lossless_both(target, names, served, lossless_mode, seed, out, ours, engine_opt)
     rows = write_comparison(out, names, f"{target}: our engine vs vLLM (T={temperature}, k={block_size})")
     stdout.print((out / "compare.md").read_text())
     stdout.print(f"{len(rows)} rows; runs in [bold]{out}/dspark[/] and [bold]{out}/vllm[/]")
 
 
-def _lossless_both(target, names, served, mode, seed, out: Path, spec) -> None:
+def _lossless_both(target, names, served, mode, seed, out: Path, spec, engine_opt) -> None:
     """Each engine's lossless check of the compared drafters, as ``lossless.json`` in its run folder."""
     import json
 
     from dspark_bench.stats import report_to_json, run_battery
     from dspark_bench.target import resolve_target
-    from dspark_bench.vllm_engine import platform_defaults
     from dspark_bench.vllm_lossless import run_vllm_battery
+
+    fixes, llm_opts = lossless_options(engine_opt, "compare-engines --lossless")
 
     say = (lambda msg: console.print(f"[dim]{msg}[/]"))  # noqa: E731
     ours = run_battery(mode=mode, target=target, drafters=list(names), schedulers=["fixed"], seed=seed, progress=say)
     (out / "dspark" / "lossless.json").write_text(json.dumps(report_to_json(ours), indent=2) + "\n")
-    report, evidence = run_vllm_battery(mode, target, served, seed, resolve_target(target), platform_defaults(),
-                                        progress=say, drafter_options=spec.drafter_options)
-    data = {**report_to_json(report), "evidence": evidence}
+    report, evidence = run_vllm_battery(mode, target, served, seed, resolve_target(target), llm_opts,
+                                        progress=say, drafter_options=spec.drafter_options, fixes=fixes)
+    data = {**report_to_json(report), "engine": engine_facts(fixes, any(n != "none" for n in served)),
+            "evidence": evidence}
     (out / "vllm" / "lossless.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -15,7 +15,8 @@ Terms (vLLM's names where it has them):
   (``LLM.get_metrics()``) around each request group, exact per request only for groups of one request
   (``--concurrency 1``; larger groups are refused). The counter differences of every group are also written
   next to the per-request totals (``manifest["engine"]["counter_check"]``), so the two sources can be compared.
-* TTFT = vLLM's ``first_token_latency`` (arrival to first token); decode seconds = ``last_token_ts -
+* TTFT = vLLM's ``first_token_ts - scheduled_ts`` (admission to first token, as in our engine; queueing behind
+  ``max_num_seqs`` excluded); decode seconds = ``last_token_ts -
   first_token_ts`` (``RequestStateStats``). **System tokens/s** = output tokens / wall seconds of each
   ``LLM.generate`` call, summed over groups.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -208,7 +210,17 @@ def record_of(req: VllmRequest, drafter: str, repeat: int, concurrency: int, out
         index=req.index, repeat=repeat, seed=req.seed, concurrency=concurrency, status="ok",
         finish=finish_of(completion.finish_reason), prompt_len=len(req.prompt_ids),
         output_ids=tuple(int(t) for t in completion.token_ids), rounds=tuple(rounds), timings=(),
-        ttft_s=float(stats.first_token_latency) if stats else 0.0, decode_s=decode_s)
+        ttft_s=ttft_of(stats), decode_s=decode_s)
+
+
+def ttft_of(stats) -> float:
+    """Admission to the first token, as our engine counts it: vLLM's ``first_token_ts - scheduled_ts`` (engine-core
+    clock; the time queued behind ``max_num_seqs`` is not prefill), else its ``first_token_latency``."""
+    if stats is None:
+        return 0.0
+    if stats.scheduled_ts > 0 and stats.first_token_ts >= stats.scheduled_ts:
+        return float(stats.first_token_ts - stats.scheduled_ts)
+    return float(stats.first_token_latency)
 
 
 def error_record(req: VllmRequest, drafter: str, repeat: int, concurrency: int, exc: BaseException) -> RequestRecord:
@@ -262,6 +274,7 @@ class VllmSettings:
     max_model_len: int
     speculative: dict[str, Any] | None
     llm_options: dict[str, Any] = field(default_factory=dict)
+    fixes: tuple[str, ...] = ()  # vllm_fixes.FIXES names applied in vLLM's processes (--engine-opt fix=...)
 
     def kwargs(self, per_request: bool) -> dict[str, Any]:
         out = {"model": self.model, "dtype": VLLM_DTYPES[self.dtype], "seed": self.seed,
@@ -304,6 +317,11 @@ class VllmEngine:
                                    "per_request_drafts": sum(sum(x[1] > 0 for x in r.rounds) for r in records)})
         return records
 
+    @property
+    def holds_concurrency(self) -> bool:
+        """Whether one ``generate`` call may carry many requests: rounds come per request (or there are none)."""
+        return self.per_request or self.drafter == "none"
+
     def _record(self, req: VllmRequest, output, delta, size: int, repeat: int, concurrency: int) -> RequestRecord:
         n = len(output.outputs[0].token_ids)
         metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
@@ -326,11 +344,25 @@ class VllmEngine:
 
 
 def open_llm(settings: VllmSettings, drafter: str) -> VllmEngine:
+    """One ``LLM``. Its processes are spawned inside the constructor and inherit ``settings.fixes`` through
+    :data:`vllm_fixes.ENV`, which is set only for that call (vllm_fixes' docstring says why an environment entry)."""
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
+    from dspark_bench.vllm_fixes import engine_env
+
     per_request = "per_request_spec_decode_metrics" in {f.name for f in dataclasses.fields(EngineArgs)}
-    llm = LLM(**settings.kwargs(per_request))
+    env = engine_env(settings.fixes)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        llm = LLM(**settings.kwargs(per_request))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return VllmEngine(llm, drafter, per_request and settings.speculative is not None)
 
 

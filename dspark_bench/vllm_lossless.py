@@ -144,9 +144,11 @@ def config_rows(name: str, setting: VllmSettings, plan: VllmPlan, prompts, laws_
 
 def run_vllm_battery(mode: str, target_name: str, drafters: Sequence[str], seed: int, model: str,
                      llm_options: dict[str, Any], progress: Progress | None = None,
-                     drafter_options: dict[str, dict[str, str]] | None = None) -> tuple[BatteryReport, dict]:
+                     drafter_options: dict[str, dict[str, str]] | None = None,
+                     fixes: Sequence[str] = ()) -> tuple[BatteryReport, dict]:
     """The report (``none`` first, then each speculative configuration) and the evidence per configuration;
-    ``drafter_options`` as ``--drafter-opt`` gives them (e.g. ``eagle3.model``)."""
+    ``drafter_options`` as ``--drafter-opt`` gives them (e.g. ``eagle3.model``); ``fixes``: names of
+    :data:`vllm_fixes.FIXES` applied in vLLM's processes."""
     from dspark_bench.target import Target
 
     if mode not in VLLM_PLANS:
@@ -155,7 +157,7 @@ def run_vllm_battery(mode: str, target_name: str, drafters: Sequence[str], seed:
     names = ["none", *[d for d in drafters if d != "none"]]
     opts = drafter_options or {}
     settings = {d: VllmSettings(model, REAL_DTYPE, seed, 1024, speculative_config(d, plan.block, opts.get(d)),
-                                llm_options)
+                                llm_options, tuple(fixes))
                 for d in names}  # every configuration validated before a model loads
     say(f"loading {target_name} ({REAL_DTYPE}) for the teacher-forced target law")
     hf = Target.load(target_name, dtype=REAL_DTYPE)

@@ -1,6 +1,11 @@
-"""A benchmark run through vLLM (``dspark-bench run --engine vllm``): one ``LLM`` per drafter, the prompts in
-groups of ``concurrency`` (one ``LLM.generate`` call each), records and summary in the run folder format of
-:mod:`dspark_bench.results`, so ``report`` and ``gate`` read it unchanged.
+"""A benchmark run through vLLM (``dspark-bench run --engine vllm``): one ``LLM`` per drafter, records and summary
+in the run folder format of :mod:`dspark_bench.results`, so ``report`` and ``gate`` read it unchanged.
+
+**Concurrency.** A run at ``--concurrency R`` builds each ``LLM`` with ``max_num_seqs = R`` and hands it all the
+requests of a repeat in one ``LLM.generate`` call: vLLM's scheduler then keeps R requests in flight until the queue
+runs dry, as our engine's runner does. Only where rounds come from counter differences (a vLLM without
+per-request speculative metrics) are requests submitted in groups of R, whose batch drains at each group's end:
+that source needs the group boundaries (and groups of one request).
 
 Unlike our engine's runner, drafters are not interleaved chunk by chunk: each configuration is its own vLLM
 engine (its speculative config is fixed at construction) and holding several at once would split the accelerator's
@@ -34,14 +39,16 @@ from dspark_bench.vllm_engine import (
     split_engine_options,
     vllm_version,
 )
+from dspark_bench.vllm_fixes import facts, split_fixes, warnings_for
 
 WARMUP_TOKENS = 8
 
 
-def groups(requests: Sequence[VllmRequest], size: int) -> list[Sequence[VllmRequest]]:
-    """The requests in consecutive groups of ``size``, one ``LLM.generate`` call each. vLLM batches a group
-    continuously, but the batch drains at the group's end: a run does not hold ``size`` requests in flight the
-    way our engine's runner does (the counter-difference metric source needs the group boundaries)."""
+def groups(requests: Sequence[VllmRequest], size: int, hold: bool) -> list[Sequence[VllmRequest]]:
+    """The ``LLM.generate`` calls of one repeat: all requests at once when vLLM holds ``size`` of them in flight
+    (``hold``), else consecutive groups of ``size`` (the counter-difference metric source)."""
+    if hold:
+        return [requests] if requests else []
     return [requests[i : i + size] for i in range(0, len(requests), size)]
 
 
@@ -60,12 +67,17 @@ def check_spec(spec: RunSpec) -> None:
 def settings_for(spec: RunSpec, model: str, requests: Sequence[VllmRequest],
                  engine_options: dict[str, Any]) -> dict[str, VllmSettings]:
     """One :class:`VllmSettings` per drafter (validated before any model loads)."""
+    fixes, engine_options = split_fixes(engine_options)
     llm_opts, spec_opts = split_engine_options(engine_options, *option_fields())
-    llm_opts = {**platform_defaults(), **llm_opts}
+    if llm_opts.get("max_num_seqs", spec.concurrency) != spec.concurrency:
+        raise VllmError(f"--engine-opt max_num_seqs={llm_opts['max_num_seqs']} differs from --concurrency "
+                        f"{spec.concurrency}: a vLLM run holds --concurrency requests in flight through max_num_seqs")
+    llm_opts = {**platform_defaults(), **llm_opts, "max_num_seqs": spec.concurrency}
     longest = max(len(r.prompt_ids) for r in requests)
     max_len = int(llm_opts.pop("max_model_len", longest + spec.max_new_tokens + spec.block_size + 1))
     return {d: VllmSettings(model, spec.dtype, spec.seed, max_len,
-                            speculative_config(d, spec.block_size, spec.drafter_options.get(d), spec_opts), llm_opts)
+                            speculative_config(d, spec.block_size, spec.drafter_options.get(d), spec_opts), llm_opts,
+                            fixes)
             for d in spec.drafters}
 
 
@@ -92,6 +104,9 @@ class VllmRun:
         requests = vllm_requests(AutoTokenizer.from_pretrained(model), self.prompts, self.spec.seed)
         settings = settings_for(self.spec, model, requests, self.engine_options)
         manifest = self._manifest(AutoConfig.from_pretrained(model), settings)
+        speculative_t = self.spec.temperature > 0 and any(s.speculative for s in settings.values())
+        for line in warnings_for(manifest["engine"]["known_bugs"], speculative_t):
+            self.on_status(f"warning: {line}")
         records: list[RequestRecord] = []
         with RunWriter(self.out, manifest) as writer:
             for name, setting in settings.items():
@@ -118,7 +133,7 @@ class VllmRun:
             engine.counter_check.clear()
             engine.wall_s, engine.output_tokens = 0.0, 0
         for repeat in range(spec.repeats):
-            for group in groups(requests, spec.concurrency):
+            for group in groups(requests, spec.concurrency, engine.holds_concurrency):
                 for rec in engine.run(group, spec.temperature, spec.max_new_tokens, repeat, spec.concurrency):
                     writer.add(rec)
                     out.append(rec)
@@ -127,7 +142,11 @@ class VllmRun:
 
     @staticmethod
     def _engine_facts(engine: VllmEngine) -> dict[str, Any]:
-        return {"metric_source": metric_source(engine), "wall_s": engine.wall_s, "output_tokens": engine.output_tokens,
+        return {"metric_source": metric_source(engine),
+                "batching": ("continuous: all requests in one generate call, max_num_seqs = --concurrency"
+                             if engine.holds_concurrency else "groups of --concurrency requests, one generate call "
+                             "each (the batch drains at each group's end)"),
+                "wall_s": engine.wall_s, "output_tokens": engine.output_tokens,
                 "system_tokens_per_s": engine.output_tokens / engine.wall_s if engine.wall_s else None,
                 "counter_check": engine.counter_check}
 
@@ -142,7 +161,8 @@ class VllmRun:
                        "num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
                        "architectures": list(config.architectures or [])},
             "engine": {"name": "vllm", "version": vllm_version(), "model": first.model,
-                       "max_model_len": first.max_model_len, "llm_options": first.llm_options, "drafters": {}},
+                       "max_model_len": first.max_model_len, "llm_options": first.llm_options,
+                       "known_bugs": facts(first.fixes), "drafters": {}},
             "drafters": {n: {"config": {"speculative_config": s.speculative}, "scheduler_options": {}}
                          for n, s in settings.items()},
             "prompts": [{"dataset": p.dataset, "domain": p.domain, "prompt_id": p.prompt_id, "index": p.index}

@@ -98,8 +98,8 @@ def test_counters_sum_over_engines_and_difference():
                                             "accepted_per_pos": [3, 1, 0]}
 
 
-def _output(tokens, reason, first=10.0, last=12.0, ttft=0.5):
-    stats = SimpleNamespace(first_token_ts=first, last_token_ts=last, first_token_latency=ttft)
+def _output(tokens, reason, first=10.0, last=12.0, ttft=0.5, scheduled=0.0):
+    stats = SimpleNamespace(first_token_ts=first, last_token_ts=last, first_token_latency=ttft, scheduled_ts=scheduled)
     return SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, finish_reason=reason)], metrics=stats)
 
 
@@ -116,3 +116,21 @@ def test_records_summarize_like_our_engine():
     assert by["ngram"]["speedup_vs_none"] == pytest.approx(2.0)  # 8 tokens in 1 s vs 2 s
     assert by["ngram"]["histogram"] == [2, 1, 0, 1]
     assert finish_of(None) == "error"
+
+
+def test_ttft_counts_from_admission_not_from_arrival():
+    """Queued behind max_num_seqs from 2.0 to 9.6, scheduled at 9.6, first token at 10.0: TTFT 0.4, as our engine
+    counts it; without a scheduled timestamp, vLLM's own first_token_latency."""
+    req = VllmRequest((1, 2, 3), 980406, "gsm8k", "math", "gsm8k-0001", 0)
+    held = record_of(req, "none", 0, 4, _output([5] * 3, "length", ttft=8.0, scheduled=9.6), rounds_from_steps([], [], 3))
+    assert held.ttft_s == pytest.approx(0.4)
+    assert record_of(req, "none", 0, 4, _output([5] * 3, "length", ttft=8.0), rounds_from_steps([], [], 3)).ttft_s == 8.0
+
+
+def test_requests_go_in_one_call_when_vllm_holds_the_concurrency():
+    from dspark_bench.vllm_run import groups
+
+    reqs = [VllmRequest((i,), i, "d", "math", f"p{i}", i) for i in range(5)]
+    assert groups(reqs, 2, hold=True) == [reqs]
+    assert groups(reqs, 2, hold=False) == [reqs[0:2], reqs[2:4], reqs[4:5]]
+    assert groups([], 2, hold=True) == []

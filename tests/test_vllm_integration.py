@@ -34,7 +34,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("vllm") / "run"
-    done = cli("run", "--engine", "vllm", "--drafter", "none,ngram", "--suite", "code", "--limit", "2",
+    done = cli("run", "--engine", "vllm", "--drafter", "none,ngram", "--suite", "code", "--limit", "3",
                "--max-new-tokens", "24", "--block-size", "3", "--concurrency", "2", "--out", str(out))
     assert done.returncode == 0, done.stderr[-4000:]
     return out
@@ -46,7 +46,7 @@ def test_run_records_every_request_with_consistent_rounds(vllm_run):
     records, manifest = read_records(vllm_run), read_manifest(vllm_run)
     assert sorted((r.drafter, r.prompt_id) for r in records) == sorted(
         (d, p["prompt_id"]) for d in ("none", "ngram") for p in manifest["prompts"])
-    assert len(manifest["prompts"]) == 2
+    assert len(manifest["prompts"]) == 3  # at concurrency 2: one generate call held, two in groups
     for r in records:
         assert r.ok and 1 <= len(r.output_ids) <= 24 and r.seed == 980406 + r.index
         assert sum(x[3] for x in r.rounds) == len(r.output_ids) - 1  # first token from prefill
@@ -55,7 +55,14 @@ def test_run_records_every_request_with_consistent_rounds(vllm_run):
     engine = manifest["engine"]
     assert engine["name"] == "vllm" and engine["version"] == vllm_version()
     assert engine["drafters"]["ngram"]["metric_source"].startswith("per-request")
+    for facts in engine["drafters"].values():  # concurrency held by vLLM's scheduler: one generate call per repeat
+        assert facts["batching"].startswith("continuous") and len(facts["counter_check"]) == 1
+    assert engine["llm_options"]["max_num_seqs"] == 2
     assert manifest["drafters"]["ngram"]["config"]["speculative_config"]["num_speculative_tokens"] == 3
+    from dspark_bench.vllm_fixes import probe_cpu_expand
+
+    assert engine["known_bugs"]["cpu-expand"] == {**engine["known_bugs"]["cpu-expand"], "present": probe_cpu_expand(),
+                                                  "fixed": False}  # no fix unless --engine-opt fix=... asks
 
 
 def test_per_request_rounds_agree_with_vllm_counters(vllm_run):
@@ -93,6 +100,12 @@ def test_methods_vllm_cannot_serve_here_fail_before_loading(tmp_path):
     done = cli("run", "--engine", "vllm", "--drafter", "dspark", "--limit", "1", "--out", str(tmp_path / "x"))
     assert done.returncode == 2
     assert "dspark.model=PATH" in done.stderr and "Qwen3" in done.stderr
+    done = cli("run", "--engine", "vllm", "--drafter", "none", "--limit", "1", "--concurrency", "4", "--engine-opt",
+               "max_num_seqs=8", "--out", str(tmp_path / "y"))
+    assert done.returncode == 2 and "max_num_seqs=8 differs from --concurrency 4" in done.stderr
+    done = cli("run", "--engine", "vllm", "--drafter", "none", "--limit", "1", "--engine-opt", "fix=cpu-expnd",
+               "--out", str(tmp_path / "z"))
+    assert done.returncode == 2 and "unknown fix cpu-expnd; known: cpu-expand" in done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +156,37 @@ def test_vllm_cpu_rejection_kernels_keep_the_target_law():
     counts = torch.bincount(out[:, 0], minlength=len(p)).double().numpy()
     law = (p.double() / p.double().sum()).numpy()
     assert stats.chisquare(counts, law * n).pvalue > 1e-3
+
+
+EXPAND_SCRIPT = """
+import json, torch
+from vllm.plugins import load_general_plugins
+from vllm.platforms import current_platform
+from dspark_bench.vllm_fixes import probe_cpu_expand
+load_general_plugins()  # what vLLM's worker does first, then it registers the platform's kernels
+current_platform.register_triton_kernel_overrides()
+from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+got = expand_batch_to_tokens(torch.tensor([0.7, 1.0, 0.0]), torch.tensor([3, 4, 6], dtype=torch.int32), 6,
+                             replace_from=0, replace_to=1)
+print(json.dumps({"probe": probe_cpu_expand(), "right": got.tolist() == torch.tensor([0.7] * 3 + [1.0] * 3).tolist()}))
+"""
+
+
+def test_cpu_expand_probe_matches_vllm_and_the_fix_reaches_its_kernel_registration():
+    """The per-token temperatures of vLLM's rejection sampler (``expand_batch_to_tokens`` on float values), in a
+    fresh process as a worker builds them: wrong exactly when the probe says the build has the bug, right whenever
+    ``fix=cpu-expand`` is asked for (the plugin replaces the kernel before vLLM registers it)."""
+    from vllm.platforms import current_platform
+
+    from dspark_bench.vllm_fixes import ENV
+
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU kernel override exists on the CPU build only")
+    seen = {}
+    for fixes in ("", "cpu-expand"):
+        env = {**os.environ, **CPU_ENV, ENV: fixes}
+        out = subprocess.run([sys.executable, "-c", EXPAND_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        seen[fixes] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen[""]["right"] is not seen[""]["probe"]  # unfixed: wrong iff the probe found the bug
+    assert seen["cpu-expand"] == {"probe": seen[""]["probe"], "right": True}  # the probe reads the shipped kernel
