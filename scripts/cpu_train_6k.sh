@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 16's training budget on a CPU (baselines/drafters/RECIPE.md section 5): the 6,144-prompt data, fp32 target
+# features, then the chosen methods in two lanes of one torch thread each, 4,800 steps of 4 sequences (10x the
+# shipped recipe's 480), 32 anchors, over a reduced draft vocabulary of 8,192 tokens.
+#
+#   METHODS="dspark dflash" scripts/cpu_train_6k.sh [ROOT]      (writes ROOT/runs/smollm2-6k/<method>/)
+#
+# A training must finish inside one session: nothing git-ignored (features, resume checkpoints) survives a
+# session's machine. Within a session every stage resumes when re-run. Settings (environment): METHODS (any of
+# dspark dflash eagle3 mtp), STEPS=4800, VOCAB=8192, DATA=data/smollm2/train-6k, GENERATE=1 (0: use DATA as it is),
+# BIN=.venv/bin. fp32 throughout: on a CPU without AVX-512-BF16 the bf16 target is 15-30x slower (RECIPE).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${1:-.}
+BIN=${BIN:-.venv/bin}
+D=${DATA:-data/smollm2/train-6k}
+R=$ROOT/runs/smollm2-6k
+STEPS=${STEPS:-4800}
+VOCAB=${VOCAB:-8192}
+read -r -a M <<< "${METHODS:-dspark dflash}"
+opts() {  # the architecture of each method, as in scripts/cpu_reference.sh
+  case $1 in
+    dspark) echo --num-layers 2 --markov-rank 64 --block-size 7 --decay-gamma 4 ;;
+    dflash) echo --num-layers 2 --block-size 7 --decay-gamma 4 ;;
+    eagle3) echo --ttt-length 7 ;;
+    mtp) echo ;;
+    *) echo "unknown method $1 (methods: dspark dflash eagle3 mtp)" >&2; return 2 ;;
+  esac
+}
+for m in "${M[@]}"; do opts "$m" > /dev/null; done  # bad input fails before any work
+mkdir -p "$R"
+
+# 1. The data: complete the 48 shards (committed shards are kept; a shard depends only on its prompts and index).
+if [ "${GENERATE:-1}" = 1 ]; then
+  $BIN/dspark-bench data generate --n 6144 --seed 0 --batch-size 64 --shard-size 128 --max-new-tokens 256 \
+    --dtype fp32 --threads 2 --out "$D"
+fi
+# 2. Target features of every sequence, cached once for all methods (both cores).
+[ -f "$D/features/manifest.json" ] || $BIN/dspark-bench data features --data "$D" --dtype fp32 --threads 2
+
+# 3. Same sequences, order, steps and scored predictions for every method; two lanes of one thread each.
+S=(--data "$D" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed 42 --save-every 200 --dtype fp32 --threads 1
+   --num-anchors 32 --draft-vocab "$VOCAB" --resume)
+train() {  # train METHOD: one run folder per method
+  # shellcheck disable=SC2046 # opts prints the method's options, split on purpose
+  OMP_NUM_THREADS=1 $BIN/dspark-bench train --method "$1" --out "$R/$1" "${S[@]}" $(opts "$1") > "$R/$1.log" 2>&1
+}
+lane() {  # lane OFFSET: every second method from OFFSET
+  local i
+  for ((i = $1; i < ${#M[@]}; i += 2)); do train "${M[$i]}"; done
+}
+lane 0 & A=$!
+lane 1 & B=$!
+wait $A
+wait $B
+for m in "${M[@]}"; do echo "$m: $R/$m/final"; done
