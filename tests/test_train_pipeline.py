@@ -126,6 +126,76 @@ def test_feature_cache_round_trip_and_mismatches(target, tmp_path):
         features.FeatureCache(tmp_path, target, (1,))([stale])
 
 
+def test_feature_cache_resumes_bit_identical_after_a_crash_and_skips_a_complete_cache(target, tmp_path, monkeypatch):
+    seqs = sequences(9)
+    whole = features.write_cache(target, seqs, (1, 3), tmp_path / "whole", batch_size=2, shard_tokens=60)
+    calls = []
+    real_forward = features.target_features
+
+    def crash_after(n):
+        def forward(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > n:
+                raise KeyboardInterrupt  # the session ends mid-write
+            return real_forward(*args, **kwargs)
+        return forward
+
+    monkeypatch.setattr(features, "target_features", crash_after(3))
+    with pytest.raises(KeyboardInterrupt):
+        features.write_cache(target, seqs, (1, 3), tmp_path / "cut", batch_size=2, shard_tokens=60)
+    progress = json.loads((tmp_path / "cut" / features.PROGRESS).read_text())
+    assert not (tmp_path / "cut" / features.MANIFEST).exists()
+    assert 0 < progress["next"] < len(seqs) and progress["next"] % 2 == 0  # a batch boundary
+    written = len(progress["shards"])
+    assert 0 < written < len(whole["shards"])
+    (tmp_path / "cut" / f"shard-{written:05d}.safetensors.tmp").write_bytes(b"torn")  # a half-written shard
+    calls.clear()
+    monkeypatch.setattr(features, "target_features", crash_after(100))
+    reported = []
+    resumed = features.write_cache(target, seqs, (1, 3), tmp_path / "cut", batch_size=2, shard_tokens=60,
+                                   on_batch=reported.append)
+    assert len(calls) == (len(seqs) - progress["next"] + 1) // 2  # only the batches after the last shard
+    assert sum(reported) == whole["tokens"]
+    assert {k: v for k, v in resumed.items() if k != "bytes"} == {k: v for k, v in whole.items() if k != "bytes"}
+    for name in whole["shards"]:
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == sorted([features.MANIFEST, *whole["shards"]])
+    calls.clear()  # complete and unchanged: nothing is recomputed
+    assert features.write_cache(target, seqs, (1, 3), tmp_path / "cut", batch_size=2, shard_tokens=60) == resumed
+    assert calls == []
+    other = features.write_cache(target, seqs, (1,), tmp_path / "cut", batch_size=2, shard_tokens=60)
+    assert other["taps"] == [1] and len(calls) == (len(seqs) + 1) // 2  # other settings: written afresh
+    assert set(other["shards"]) == {p.name for p in (tmp_path / "cut").glob("shard-*")}
+
+
+def test_feature_cache_does_not_resume_other_sequences_or_source(target, tmp_path, monkeypatch):
+    seqs = sequences(8)
+    real_forward, calls = features.target_features, []
+    limit = [2]
+
+    def forward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > limit[0]:
+            raise KeyboardInterrupt
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(features, "target_features", forward)
+    changed = [*seqs[:-1], data.TrainSequence(seqs[-1].id, seqs[-1].input_ids[:-1], seqs[-1].loss_start)]
+    for other in ({"seqs": changed}, {"seqs": seqs, "source": {"data_manifest_sha256": "another"}}):
+        calls.clear()
+        limit[0] = 2
+        with pytest.raises(KeyboardInterrupt):
+            features.write_cache(target, seqs, (1, 3), tmp_path, batch_size=2, shard_tokens=40)
+        assert json.loads((tmp_path / features.PROGRESS).read_text())["next"] > 0
+        calls.clear()
+        limit[0] = 100
+        manifest = features.write_cache(target, other["seqs"], (1, 3), tmp_path, batch_size=2, shard_tokens=40,
+                                        source=other.get("source"))
+        assert len(calls) == 4  # every batch again
+        assert manifest["tokens"] == sum(len(s.input_ids) for s in other["seqs"])
+        assert {p.name for p in tmp_path.glob("shard-*")} == set(manifest["shards"])
+
+
 # ---- schedule and data order ----------------------------------------------------------------------------------
 def test_lr_schedule_values():
     f = trainer.lr_factor

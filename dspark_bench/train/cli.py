@@ -185,7 +185,9 @@ def _taps_option(value: str | None) -> tuple[int, ...] | None:
 @_THREADS
 @_friendly
 def features(data_dir, out, taps, batch_size, max_length, device, dtype, threads):
-    """Cache target features (tapped layers + final hidden, bf16 safetensors shards) for training."""
+    """Cache target features (tapped layers + final hidden, bf16 safetensors shards) for training.
+
+    Resumable: an interrupted run continues from its last complete shard when run again with the same options."""
     dev = _device(device, threads)
     tgt = _load_target(_data_target(data_dir), _dtype(dtype, dev), dev)
     manifest = _build_cache(tgt, data_dir, Path(out or Path(data_dir) / "features"), _taps_option(taps), batch_size,

@@ -8,7 +8,9 @@ drafter asked for, in its order.
   (outputs of the tapped decoder layers = HF ``hidden_states[l + 1]``, and the final normed hidden state).
 * :class:`FeatureCache`: safetensors shards written once by :func:`write_cache` (``dspark-bench data
   features``) with a ``manifest.json`` (format, target name + :class:`TargetFingerprint`, taps, hidden size,
-  dtype, per-sample shard/offset/length). Reading checks the manifest against the target and the drafter's
+  dtype, per-sample shard/offset/length). Writing resumes: after each shard ``progress.json`` says what is done,
+  and a write interrupted (a session's end, a crash) continues from its last shard when run again with the same
+  settings, with the bytes of an uninterrupted run. Reading checks the manifest against the target and the drafter's
   taps, and each sample's cached token ids against the sequence's, and fails with the reason.
 
 Disk cost per token: ``(n_taps + 1) * d * 2`` bytes of bf16 features + 4 bytes of int32 token id; SmolLM2-135M
@@ -101,20 +103,26 @@ class OnlineFeatures:
 
 # ---- the cache ------------------------------------------------------------------------------------------------
 class _ShardWriter:
-    """Collects samples and writes them as safetensors shards of about ``shard_tokens`` tokens."""
+    """Collects samples and writes them as safetensors shards of at least ``shard_tokens`` tokens.
 
-    def __init__(self, folder: Path, shard_tokens: int):
-        self.folder, self.shard_tokens = folder, shard_tokens
-        self.samples: dict[str, list[int]] = {}  # id -> [shard, offset, length]
-        self.shards: list[str] = []
+    ``flush`` is called between batches only, so every shard ends at a batch boundary and a resumed run forms the
+    same batches as an uninterrupted one. After each shard, :data:`PROGRESS` records the shards and samples
+    written so far and where the next batch starts (atomically, after the shard file is complete).
+    """
+
+    def __init__(self, folder: Path, shard_tokens: int, key: dict, done: dict | None = None):
+        self.folder, self.shard_tokens, self.key = folder, shard_tokens, key
+        self.samples: dict[str, list[int]] = dict(done["samples"]) if done else {}  # id -> [shard, offset, length]
+        self.shards: list[str] = list(done["shards"]) if done else []
         self.pending: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def add(self, sid: str, ids: torch.Tensor, layers: torch.Tensor, final: torch.Tensor) -> None:
         self.pending.append((sid, ids.int().cpu(), layers.to(CACHE_DTYPE).cpu(), final.to(CACHE_DTYPE).cpu()))
-        if sum(len(p[1]) for p in self.pending) >= self.shard_tokens:
-            self.flush()
 
-    def flush(self) -> None:
+    def full(self) -> bool:
+        return sum(len(p[1]) for p in self.pending) >= self.shard_tokens
+
+    def flush(self, next_start: int) -> None:
         from safetensors.torch import save_file
 
         if not self.pending:
@@ -126,9 +134,62 @@ class _ShardWriter:
         keys = ((1, "input_ids"), (2, "layers"), (3, "final"))
         tensors = {key: torch.cat([p[i] for p in self.pending]).contiguous() for i, key in keys}
         name = f"shard-{len(self.shards):05d}.safetensors"
-        save_file(tensors, str(self.folder / name))
+        save_file(tensors, str(self.folder / (name + ".tmp")))
+        os.replace(self.folder / (name + ".tmp"), self.folder / name)
         self.shards.append(name)
         self.pending.clear()
+        _write_json(self.folder / PROGRESS, {"key": self.key, "next": next_start, "shards": self.shards,
+                                             "samples": self.samples})
+
+
+PROGRESS = "progress.json"  # a cache being written: what is done, and the settings it must be resumed with
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj) + "\n")
+    os.replace(tmp, path)
+
+
+def _resume_point(folder: Path, key: dict) -> dict | None:
+    """The progress of an interrupted write with the same settings, or None (then stale files are removed)."""
+    path = folder / PROGRESS
+    done = None
+    if path.is_file():
+        try:
+            done = json.loads(path.read_text())
+        except ValueError:
+            done = None
+        if not (isinstance(done, dict) and done.get("key") == key
+                and all((folder / s).is_file() for s in done.get("shards", []))):
+            done = None
+    keep = set(done["shards"]) if done else set()
+    for stale in folder.glob("shard-*.safetensors*"):
+        if stale.name not in keep:
+            stale.unlink()
+    if done is None:
+        path.unlink(missing_ok=True)
+    return done
+
+
+def _complete(folder: Path, key: dict) -> dict | None:
+    """The manifest of a complete cache in ``folder`` written with settings ``key``, else None."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(manifest, dict) and manifest.get("written_with") == key
+          and all((folder / s).is_file() for s in manifest.get("shards", [])))
+    return manifest if ok else None
+
+
+def _order_digest(seqs: Sequence[TrainSequence], order: Sequence[int]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for i in order:
+        h.update(f"{seqs[i].id}:{','.join(map(str, seqs[i].input_ids))};".encode())
+    return h.hexdigest()
 
 
 def write_cache(target: Target, seqs: Sequence[TrainSequence], taps: Sequence[int], folder: str | Path,
@@ -137,34 +198,50 @@ def write_cache(target: Target, seqs: Sequence[TrainSequence], taps: Sequence[in
     """Compute and store the features of ``seqs`` in ``folder``; returns the manifest (written last, atomically).
 
     Shards hold ``input_ids`` int32 [N], ``layers`` bf16 [N, n_taps, d] and ``final`` bf16 [N, d] for the
-    concatenated samples; ``on_batch(tokens)`` reports progress.
+    concatenated samples; ``on_batch(tokens)`` reports progress (a resumed run first reports the tokens already
+    cached). An interrupted write resumes at its last complete shard when called again with the same target,
+    sequences, taps, batch size, shard size and source; anything else starts over. The batches, and so the bytes,
+    are those of an uninterrupted run. A complete cache written with the same settings is returned as it is.
     """
     from dspark_bench.drafters.checkpoint import TargetFingerprint
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / MANIFEST).unlink(missing_ok=True)  # a cache without its manifest is never read
-    writer = _ShardWriter(folder, shard_tokens)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].input_ids))  # less padding per batch
-    for start in range(0, len(order), batch_size):
+    key = {"format": FORMAT, "target": asdict(TargetFingerprint.of(target)), "taps": list(taps),
+           "batch_size": batch_size, "shard_tokens": shard_tokens, "source": source or {},
+           "sequences": _order_digest(seqs, order)}
+    complete = _complete(folder, key)
+    if complete is not None:
+        if on_batch:
+            on_batch(complete["tokens"])
+        return complete
+    (folder / MANIFEST).unlink(missing_ok=True)  # a cache without its manifest is never read
+    done = _resume_point(folder, key)
+    writer = _ShardWriter(folder, shard_tokens, key, done)
+    first = done["next"] if done else 0
+    if first and on_batch:
+        on_batch(sum(v[2] for v in writer.samples.values()))
+    for start in range(first, len(order), batch_size):
         chunk = [seqs[i] for i in order[start : start + batch_size]]
         ids, _, real = pad_batch(chunk, target.device)
         layers, final = target_features(target, ids, real, taps)
         for r, s in enumerate(chunk):
             n = len(s.input_ids)
             writer.add(s.id, ids[r, :n], layers[r, :n], final[r, :n])
+        if writer.full():
+            writer.flush(start + batch_size)
         if on_batch:
             on_batch(int(real.sum()))
-    writer.flush()
-    manifest = {"format": FORMAT, "target": asdict(TargetFingerprint.of(target)), "taps": list(taps),
+    writer.flush(len(order))
+    manifest = {"format": FORMAT, "target": key["target"], "taps": list(taps),
                 "hidden_size": target.hidden_size, "dtype": "bf16",
                 "tokens": sum(v[2] for v in writer.samples.values()),
                 "bytes_per_token": bytes_per_token(len(taps), target.hidden_size),
                 "bytes": sum((folder / s).stat().st_size for s in writer.shards), "source": source or {},
-                "shards": writer.shards, "samples": writer.samples}
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest) + "\n")
-    os.replace(tmp, folder / MANIFEST)
+                "shards": writer.shards, "samples": writer.samples, "written_with": key}
+    _write_json(folder / MANIFEST, manifest)
+    (folder / PROGRESS).unlink(missing_ok=True)
     return manifest
 
 
