@@ -175,6 +175,31 @@ def test_eagle3_anchored_loss(targets):
         model.loss(batch, None, ttt_length=2, num_anchors=3)
 
 
+def test_ttt_steps_at_anchors_equal_the_full_steps_and_their_gradients(targets):
+    """Steps 1..K-1 run at the drawn positions alone: the same hiddens and parameter gradients as the full TTT."""
+    target = targets["qwen3"]
+    model = make("eagle3", target).model.float()
+    batch = train_batch(target, model.taps, rows=3, n=16)
+    where = torch.tensor([[0, 0, 3, 9], [1, 5, 6, 14], [2, 7, 8, 15]])  # row 0: a duplicated dummy at 0; ends
+    full = model.ttt_hiddens(batch, 4)
+    part = model.ttt_hiddens(batch, 4, where)
+    assert len(part) == 4
+    for f, h in zip(full, part, strict=True):
+        want = f.gather(1, where.unsqueeze(-1).expand(*where.shape, f.shape[-1]))
+        torch.testing.assert_close(h, want, atol=1e-5, rtol=1e-5)
+
+    def grads(hiddens, pick) -> list[torch.Tensor]:
+        model.zero_grad()
+        sum((pick(h) ** 2).sum() * (k + 1) for k, h in enumerate(hiddens)).backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    g_full = grads(model.ttt_hiddens(batch, 4), lambda f: f.gather(1, where.unsqueeze(-1).expand(*where.shape, f.shape[-1])))
+    g_part = grads(model.ttt_hiddens(batch, 4, where), lambda h: h)
+    assert len(g_full) == len(g_part) > 0
+    for a, b in zip(g_full, g_part, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
 def test_ttt_steps_equal_chain_drafting(targets):
     """TTT step k at position t = chain drafting from the cache of positions <= t with teacher-forced tokens."""
     target = targets["qwen3"]

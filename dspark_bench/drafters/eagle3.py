@@ -189,21 +189,42 @@ class Eagle3Model(ChainModel):
     ) -> tuple[torch.Tensor, KV]:
         return self.layers[0](self.embed(tokens), hidden, positions, past, mask)
 
-    def ttt_hiddens(self, batch: TrainBatch, ttt_length: int) -> list[torch.Tensor]:
-        """Output hidden of each training-time-test step k = 0..K-1, [B, n, d] each.
+    def ttt_hiddens(self, batch: TrainBatch, ttt_length: int, where: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Output hidden of each training-time-test step k = 0..K-1, [B, n, d] each ([B, N, d] at ``where``).
 
         Step k at position t: input (h_k,t, y_{t+1+k}) at RoPE position t+k, with h_0 = g0_t and h_k the
         step-(k-1) output at t; keys per :func:`ttt_mask`. This is exactly what chain drafting computes from the
         cache of positions <= t with teacher-forced tokens (tested).
+
+        ``where`` [B, N] (positions per row): only those positions' hiddens are wanted. Step 0 still runs over
+        every position (its keys are every later step's context), but steps 1..K-1 run over the N positions
+        alone: position t's chain reads only step-0 keys and its own earlier steps (the diagonal of
+        :func:`ttt_mask`), so the values are the same as the full computation's at ``where`` (tested), at N/n of
+        its cost.
         """
         b, n = batch.input_ids.shape
         positions = torch.arange(n, device=batch.input_ids.device).expand(b, n)
-        hidden, past, out = self.context(batch.layers, batch.final), None, []
-        for k in range(ttt_length):
-            tokens = shift_left(batch.input_ids, 1 + k)
-            hidden, kv = self(hidden, tokens, positions + k, past, ttt_mask(batch.attention, k))
-            past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
-            out.append(hidden)
+        hidden, past = self.context(batch.layers, batch.final), None
+        if where is None:
+            out = []
+            for k in range(ttt_length):
+                tokens = shift_left(batch.input_ids, 1 + k)
+                hidden, kv = self(hidden, tokens, positions + k, past, ttt_mask(batch.attention, k))
+                past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
+                out.append(hidden)
+            return out
+        first = ttt_mask(batch.attention, 0)  # [B, n, n]: step-0 keys each query sees
+        hidden, past = self(hidden, shift_left(batch.input_ids, 1), positions, None, first)
+        width = where.shape[1]
+        h = hidden.gather(1, where.unsqueeze(-1).expand(b, width, hidden.shape[-1]))
+        out = [h]
+        seen = first.gather(1, where.unsqueeze(-1).expand(b, width, n))  # [B, N, n]
+        eye = torch.eye(width, dtype=torch.bool, device=where.device).expand(b, width, width)
+        for k in range(1, ttt_length):
+            tokens = shift_left(batch.input_ids, 1 + k).gather(1, where)
+            h, kv = self(h, tokens, where + k, past, torch.cat([seen, *[eye] * k], dim=-1))
+            past = (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
+            out.append(h)
         return out
 
     def loss(self, batch: TrainBatch, generator: torch.Generator | None = None, ttt_length: int = 7,
@@ -215,11 +236,12 @@ class Eagle3Model(ChainModel):
         normaliser (all scored slots). Step weights are the reference's 0.8^k, not DSpark's exp(-(k-1)/4).
 
         ``num_anchors`` (our addition for CPU budgets): score only that many positions per sequence, drawn with
-        ``generator`` uniformly among those whose step-0 token is a response token, and normalise by B N. The
-        hidden states of every position are still computed (each TTT step attends to all of them); only the
-        LM head, the target law and the loss are restricted, which is where the cost is. A position t then plays
-        the role of a block drafter's anchor t+1: it supervises the next ``ttt_length`` tokens, so with equal
-        ``num_anchors`` Eagle3 and the block drafters score the same number of predictions per sequence.
+        ``generator`` uniformly among those whose step-0 token is a response token, and normalise by B N. TTT
+        step 0 still runs over every position (its keys are the context of every later step); steps 1..K-1, the
+        LM head, the target law and the loss run at the drawn positions alone (:meth:`ttt_hiddens` with
+        ``where``). A position t then plays the role of a block drafter's anchor t+1: it supervises the next
+        ``ttt_length`` tokens, so with equal ``num_anchors`` Eagle3 and the block drafters score the same number
+        of predictions per sequence.
         None scores every position (deterministic; ``generator`` unused).
         """
         from dspark_bench.train.types import LossOutput
@@ -245,8 +267,8 @@ class Eagle3Model(ChainModel):
             return x.gather(1, idx.unsqueeze(-1).expand(*idx.shape, x.shape[-1]))
 
         total, terms, accept = batch.final.new_zeros((), dtype=torch.float32), {}, []
-        for k, hidden in enumerate(self.ttt_hiddens(batch, ttt_length)):
-            logits = self.logits(at(hidden, 0), compact=True)  # over the draft vocabulary, like the target law
+        for k, hidden in enumerate(self.ttt_hiddens(batch, ttt_length, where)):  # hidden [B, N, d] at where
+            logits = self.logits(hidden, compact=True)  # over the draft vocabulary, like the target law
             target = self.target_probs(at(batch.final, 1 + k))
             valid = (keep & (where + 2 + k < n) & at(batch.loss_mask.bool(), 2 + k)).float()
             ce = soft_cross_entropy(logits, target)  # [B, N]
