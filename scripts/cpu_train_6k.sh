@@ -3,21 +3,25 @@
 # features, then the chosen methods in two lanes of one torch thread each, 4,800 steps of 4 sequences (10x the
 # shipped recipe's 480), 32 anchors, over a reduced draft vocabulary of 8,192 tokens.
 #
-#   METHODS="dspark dflash" scripts/cpu_train_6k.sh [ROOT]      (writes ROOT/runs/smollm2-6k/<method>/)
+#   METHODS="dspark dflash eagle3 mtp" scripts/cpu_train_6k.sh [ROOT]   (writes ROOT/runs/smollm2-6k/<method>/)
 #
-# A training must finish inside one session: nothing git-ignored (features, resume checkpoints) survives a
-# session's machine. Within a session every stage resumes when re-run. Settings (environment): METHODS (any of
-# dspark dflash eagle3 mtp), STEPS=4800, VOCAB=8192, DATA=data/smollm2/train-6k, GENERATE=1 (0: use DATA as it is),
-# BIN=.venv/bin. fp32 throughout: on a CPU without AVX-512-BF16 the bf16 target is 15-30x slower (RECIPE).
+# Every stage resumes when the script is run again: the data at its last complete shard, the feature cache at its
+# last shard, each training at its last checkpoint (every 200 steps). None of that is committed (the cache is about
+# 11 GB, a training's resume checkpoint 50-180 MB), so it resumes across sessions only where the machine is kept:
+# put ROOT outside the work tree (e.g. /work/dspark-train), which a new session may lay anew. Settings
+# (environment): METHODS (any of dspark dflash eagle3 mtp; default all four), STEPS=4800, VOCAB=8192,
+# DATA=data/smollm2/train-6k, FEATURES=ROOT/features/train-6k, GENERATE=1 (0: use DATA as it is), BIN=.venv/bin.
+# fp32 throughout: on a CPU without AVX-512-BF16 the bf16 target is 15-30x slower (RECIPE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-.}
 BIN=${BIN:-.venv/bin}
 D=${DATA:-data/smollm2/train-6k}
 R=$ROOT/runs/smollm2-6k
+F=${FEATURES:-$ROOT/features/train-6k}
 STEPS=${STEPS:-4800}
 VOCAB=${VOCAB:-8192}
-read -r -a M <<< "${METHODS:-dspark dflash}"
+read -r -a M <<< "${METHODS:-dspark dflash eagle3 mtp}"
 opts() {  # the architecture of each method, as in scripts/cpu_reference.sh
   case $1 in
     dspark) echo --num-layers 2 --markov-rank 64 --block-size 7 --decay-gamma 4 ;;
@@ -35,15 +39,15 @@ if [ "${GENERATE:-1}" = 1 ]; then
   $BIN/dspark-bench data generate --n 6144 --seed 0 --batch-size 64 --shard-size 128 --max-new-tokens 256 \
     --dtype fp32 --threads 2 --out "$D"
 fi
-# 2. Target features of every sequence, cached once for all methods (both cores).
-[ -f "$D/features/manifest.json" ] || $BIN/dspark-bench data features --data "$D" --dtype fp32 --threads 2
+# 2. Target features of every sequence, cached once for all methods (both cores; returns at once when complete).
+$BIN/dspark-bench data features --data "$D" --out "$F" --dtype fp32 --threads 2
 
 # 3. Same sequences, order, steps and scored predictions for every method; two lanes of one thread each.
-S=(--data "$D" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed 42 --save-every 200 --dtype fp32 --threads 1
+S=(--data "$D" --features "$F" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed 42 --save-every 200 --dtype fp32 --threads 1
    --num-anchors 32 --draft-vocab "$VOCAB" --resume)
 train() {  # train METHOD: one run folder per method
   # shellcheck disable=SC2046 # opts prints the method's options, split on purpose
-  OMP_NUM_THREADS=1 $BIN/dspark-bench train --method "$1" --out "$R/$1" "${S[@]}" $(opts "$1") > "$R/$1.log" 2>&1
+  OMP_NUM_THREADS=1 $BIN/dspark-bench train --method "$1" --out "$R/$1" "${S[@]}" $(opts "$1") >> "$R/$1.log" 2>&1
 }
 lane() {  # lane OFFSET: every second method from OFFSET
   local i
