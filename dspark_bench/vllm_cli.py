@@ -35,20 +35,12 @@ def with_shipped_exports(spec, folder: Path, cache_dir: Path | None = None):
 
 def lossless_options(engine_opt, command: str) -> tuple[tuple[str, ...], dict]:
     """(fixes, ``LLM`` options) of a vLLM lossless check from ``--engine-opt``: EngineArgs fields and ``fix``."""
-    from dspark_bench.vllm_engine import (
-        VllmError,
-        option_fields,
-        parse_engine_options,
-        platform_defaults,
-        split_engine_options,
-    )
-    from dspark_bench.vllm_fixes import split_fixes
+    from dspark_bench.vllm_engine import VllmError, parse_engine_options, split_options
 
-    fixes, rest = split_fixes(parse_engine_options(engine_opt))
-    llm_opts, spec_opts = split_engine_options(rest, *option_fields())
+    fixes, llm_opts, spec_opts = split_options(parse_engine_options(engine_opt))
     if spec_opts:
         raise VllmError(f"{command} takes EngineArgs options and fix= only, not {sorted(spec_opts)}")
-    return fixes, {**platform_defaults(), **llm_opts}
+    return fixes, llm_opts
 
 
 def engine_facts(fixes, speculative: bool) -> dict:

@@ -256,6 +256,16 @@ def option_fields() -> tuple[set[str], set[str]]:
     return {f.name for f in dataclasses.fields(EngineArgs)}, set(spec)
 
 
+def split_options(options: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]:
+    """(fixes, ``LLM`` options with :func:`platform_defaults` under them, speculative-config entries) of parsed
+    ``--engine-opt`` values, checked against the installed vLLM."""
+    from dspark_bench.vllm_fixes import split_fixes
+
+    fixes, rest = split_fixes(options)
+    llm_opts, spec_opts = split_engine_options(rest, *option_fields())
+    return fixes, {**platform_defaults(), **llm_opts}, spec_opts
+
+
 def platform_defaults() -> dict[str, Any]:
     """LLM options this harness sets unless ``--engine-opt`` does: eager mode on CPU (vLLM's CPU build has no
     Triton backend, and its torch.compile warm-up takes minutes on a small machine for no gain on a 135M model)."""

@@ -31,15 +31,13 @@ from dspark_bench.vllm_engine import (
     VllmSettings,
     metric_source,
     open_llm,
-    option_fields,
-    platform_defaults,
     render,
     require_vllm,
     speculative_config,
-    split_engine_options,
+    split_options,
     vllm_version,
 )
-from dspark_bench.vllm_fixes import facts, split_fixes, warnings_for
+from dspark_bench.vllm_fixes import facts, warnings_for
 
 WARMUP_TOKENS = 8
 
@@ -67,12 +65,11 @@ def check_spec(spec: RunSpec) -> None:
 def settings_for(spec: RunSpec, model: str, requests: Sequence[VllmRequest],
                  engine_options: dict[str, Any]) -> dict[str, VllmSettings]:
     """One :class:`VllmSettings` per drafter (validated before any model loads)."""
-    fixes, engine_options = split_fixes(engine_options)
-    llm_opts, spec_opts = split_engine_options(engine_options, *option_fields())
+    fixes, llm_opts, spec_opts = split_options(engine_options)
     if llm_opts.get("max_num_seqs", spec.concurrency) != spec.concurrency:
         raise VllmError(f"--engine-opt max_num_seqs={llm_opts['max_num_seqs']} differs from --concurrency "
                         f"{spec.concurrency}: a vLLM run holds --concurrency requests in flight through max_num_seqs")
-    llm_opts = {**platform_defaults(), **llm_opts, "max_num_seqs": spec.concurrency}
+    llm_opts = {**llm_opts, "max_num_seqs": spec.concurrency}
     longest = max(len(r.prompt_ids) for r in requests)
     max_len = int(llm_opts.pop("max_model_len", longest + spec.max_new_tokens + spec.block_size + 1))
     return {d: VllmSettings(model, spec.dtype, spec.seed, max_len,
