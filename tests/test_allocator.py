@@ -31,3 +31,17 @@ def test_a_freed_large_tensor_is_reused_without_faulting_its_pages_again():
         torch.empty(n).fill_(1.0)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     assert faults < 16384 // 4, f"{faults} minor page faults for 10 reuses of a 64 MiB block (one mapping is 16384)"
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns_and_nothing_else_does(monkeypatch):
+    from dspark_bench import target
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert isinstance(target.cpu_has_native_bf16(), bool)
+    monkeypatch.setattr(target, "cpu_has_native_bf16", lambda: False)
+    note = target.slow_dtype_note("bf16", cpu)
+    assert note and "--dtype fp32" in note and torch.backends.cpu.get_cpu_capability() in note
+    assert target.slow_dtype_note("fp32", cpu) is None and target.slow_dtype_note("fp16", cpu) is None
+    assert target.slow_dtype_note("bf16", cuda) is None
+    monkeypatch.setattr(target, "cpu_has_native_bf16", lambda: True)
+    assert target.slow_dtype_note("bf16", cpu) is None
