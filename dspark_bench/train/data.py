@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -203,17 +204,20 @@ def _complete_shards(path: Path, sizes: list[int]) -> set[int]:
     """Indices of complete shards in ``path``; rewrites the file without a torn line or incomplete shards."""
     if not path.exists():
         return set()
-    text = path.read_text()
-    lines = text.split("\n")
-    rows = [json.loads(line) for line in lines[:-1] if line.strip()]  # the last piece is "" or a torn line
-    counts: dict[int, int] = {}
-    for r in rows:
-        counts[r["shard"]] = counts.get(r["shard"], 0) + 1
-    done = {i for i, c in counts.items() if i < len(sizes) and c == sizes[i]}
+    rows, done, torn = _parse_shards(path.read_text(), sizes)
     kept = [r for r in rows if r["shard"] in done]
-    if len(kept) != len(rows) or lines[-1]:
+    if len(kept) != len(rows) or torn:
         _atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
     return done
+
+
+def _parse_shards(text: str, sizes: Sequence[int]) -> tuple[list[dict], set[int], bool]:
+    """(every whole row, the indices of shards holding all ``sizes[i]`` of their rows, whether a torn last line
+    was left out) of a responses file's text."""
+    lines = text.split("\n")
+    rows = [json.loads(line) for line in lines[:-1] if line.strip()]  # the last piece is "" or a torn line
+    counts = Counter(r["shard"] for r in rows)
+    return rows, {i for i, c in counts.items() if i < len(sizes) and c == sizes[i]}, bool(lines[-1])
 
 
 def _append(path: Path, rows: list[dict]) -> None:
@@ -275,13 +279,8 @@ def complete_rows(folder: str | Path) -> list[dict]:
     running (a torn last line and the rows of a shard still being written are left out)."""
     spec = read_manifest(folder)["spec"]
     n, size = int(spec["n"]), int(spec["shard_size"])
-    text = (Path(folder) / RESPONSES).read_text()
-    lines = text.split("\n")[:-1]  # the last piece is "" or a torn line
-    rows = [json.loads(line) for line in lines if line.strip()]
-    counts: dict[int, int] = {}
-    for r in rows:
-        counts[r["shard"]] = counts.get(r["shard"], 0) + 1
-    done = {i for i, c in counts.items() if c == min(size, n - i * size)}
+    sizes = [min(size, n - start) for start in range(0, n, size)]
+    rows, done, _ = _parse_shards((Path(folder) / RESPONSES).read_text(), sizes)
     return [r for r in rows if r["shard"] in done]
 
 
