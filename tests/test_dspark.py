@@ -221,9 +221,14 @@ def _chi2(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(chisquare(obs[keep].numpy(), exp[keep].numpy() * obs.sum().item() / exp[keep].sum().item()).pvalue)
 
 
+@pytest.mark.parametrize("reduced", [False, True], ids=["full-head", "draft-vocab"])
 @pytest.mark.parametrize("name", METHODS)
-def test_q_is_the_distribution_tokens_were_sampled_from(llama, name):
+def test_q_is_the_distribution_tokens_were_sampled_from(llama, name, reduced):
     drafter, n = make(name, llama, seed=5), 4000
+    if reduced:  # draws in head space (DraftHead.draw): q must still be the law of the tokens, zero outside
+        keep = sorted(set(range(0, llama.vocab_size, 2)) | set(llama.eos_ids))
+        drafter.model.set_draft_vocab(torch.tensor(keep))
+        assert drafter.model.draft_head.size == len(keep) < llama.vocab_size
     if name == "dspark":  # make the Markov correction large enough to matter
         g = torch.Generator().manual_seed(2)
         for w in (drafter.model.markov_head.markov_w1.weight, drafter.model.markov_head.markov_w2.weight):
@@ -240,6 +245,10 @@ def test_q_is_the_distribution_tokens_were_sampled_from(llama, name):
     x1, x2 = (torch.bincount(prop.tokens[:, k], minlength=vocab) for k in (0, 1))
     assert _chi2(x1, n * prop.q[0, 0]) > 1e-3
     assert _chi2(x2, prop.q[:, 1].sum(0)) > 1e-3  # given x_1, x_2 ~ q_2(.|x_1): expected counts sum the rows
+    if reduced:
+        odd = torch.ones(llama.vocab_size, dtype=torch.bool)
+        odd[keep] = False
+        assert torch.all(prop.q[..., odd] == 0) and set(prop.tokens.flatten().tolist()) <= set(keep)
     if name == "dspark":  # negative control: the uncorrected law is rejected, so the test has power
         with torch.inference_mode():
             base = drafter.model.base_logits(drafter.block_hidden(DraftContext(llama, 1.0, 2, slots[:1])))

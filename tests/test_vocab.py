@@ -16,7 +16,7 @@ from dspark_bench.schedulers import Fixed
 from dspark_bench.stats import exact
 from dspark_bench.stats.synthetic import MarkovChain, SyntheticDrafter, SyntheticTarget
 from dspark_bench.train import data, features, methods, trainer
-from dspark_bench.verify import speculative_accept, to_probs
+from dspark_bench.verify import sample, speculative_accept, to_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MODEL_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp")
@@ -91,6 +91,33 @@ def test_law_is_the_softmax_over_the_subset_and_exactly_zero_elsewhere(temperatu
     want = torch.softmax((h @ weight[ids].T) / temperature, -1).float()
     assert torch.allclose(q[..., ids], want, atol=1e-6)
     assert head.sub_logits(h).shape == (4, 3, len(ids))
+
+
+@pytest.mark.parametrize("rows,vocab_size,temperature", [(1, 12, 1.0), (3, 12, 0.6), (3, 12, 0.0), (64, 4096, 1.0)])
+def test_head_space_draw_is_the_full_space_draw(rows, vocab_size, temperature):
+    """DraftHead.draw over the N columns: the law written to S's columns of a zeroed buffer (exact zeros elsewhere)
+    is to_probs of the -inf-padded full logits up to float32 rounding (the softmax sums N values, not V), the token
+    is drawn from exactly the law written, and it is the full-space token (here in every row, one- and two-level)."""
+    g = torch.Generator().manual_seed(rows)
+    ids = torch.randperm(vocab_size, generator=g)[: max(5, vocab_size // 4)].sort().values
+    head = vocab.DraftHead(torch.randn(vocab_size, 6, generator=g), ids)
+    h = torch.randn(rows, 6, generator=g)
+    u = torch.rand(rows, generator=g, dtype=torch.float64)
+    out = head.law_buffer(rows)
+    assert out.shape == (rows, vocab_size) and torch.all(out == 0)
+    tokens = head.draw(head.sub_logits(h), temperature, u, out)
+    full = to_probs(head.logits(h), temperature)
+    outside = torch.ones(vocab_size, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.all(out[:, outside] == 0) and torch.allclose(out, full, rtol=1e-6, atol=1e-8)
+    assert torch.equal(tokens, sample(out, u))  # drawn from the law handed to the verifier
+    assert torch.equal(tokens, sample(full, u))
+    assert set(tokens.tolist()) <= set(ids.tolist())
+    free = vocab.DraftHead.full_space(vocab_size)  # no list: draws over every column, as before
+    logits = torch.randn(rows, vocab_size, generator=g)
+    buf = free.law_buffer(rows)
+    assert torch.equal(free.draw(logits, temperature, u, buf), sample(to_probs(logits, temperature), u))
+    assert torch.equal(buf, to_probs(logits, temperature))
 
 
 def test_greedy_is_the_argmax_over_the_subset():

@@ -318,9 +318,10 @@ class BlockDraftModel(nn.Module):
     def draft_head(self) -> vocab.DraftHead:
         return vocab.head(self)
 
-    def base_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """U = the target's frozen LM head on h [..., d], in float32 [..., V]; -inf outside the draft vocabulary."""
-        return self.draft_head.logits(h)
+    def base_logits(self, h: torch.Tensor, compact: bool = False) -> torch.Tensor:
+        """U = the target's frozen LM head on h [..., d], in float32 [..., V]; -inf outside the draft vocabulary
+        (with ``compact``: [..., N] over it, the head space that :meth:`vocab.DraftHead.draw` samples in)."""
+        return self.draft_head.sub_logits(h) if compact else self.draft_head.logits(h)
 
     def train_hidden(self, layers, input_ids, attention, anchors) -> torch.Tensor:
         """Training forward: h [B, N, G, d] for N anchors [B, N] per sequence, G = arch.block_size.

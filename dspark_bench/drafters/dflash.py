@@ -23,7 +23,6 @@ from dspark_bench.drafters.blockloss import (
 )
 from dspark_bench.drafters.registry import register
 from dspark_bench.train.types import LossOutput
-from dspark_bench.verify import to_probs
 
 if TYPE_CHECKING:
     from dspark_bench.target import Target
@@ -56,8 +55,10 @@ class DFlashDrafter(BlockDrafter):
 
     def draw(self, ctx: DraftContext, h: torch.Tensor) -> Proposal:
         with ctx.timer.span("forward"):
-            logits = self.model.base_logits(h)
+            logits = self.model.base_logits(h, compact=True)  # [R, G, N], head space
+        head, (rows, size) = self.model.draft_head, logits.shape[:2]
+        u = ctx.draft_uniforms(size, h.device)
         with ctx.timer.span("sample"):
-            q = to_probs(logits, ctx.temperature)  # [R, G, V]
-        tokens = ctx.sample(q, ctx.draft_uniforms(q.shape[1], h.device))  # [R, G], one batched draw
-        return Proposal(tokens, torch.full((len(ctx.slots),), q.shape[1], dtype=torch.long), q)
+            q = head.law_buffer(rows, size, device=logits.device)  # [R, G, V]
+            tokens = head.draw(logits, ctx.temperature, u, q)  # [R, G], one batched draw
+        return Proposal(tokens, torch.full((rows,), size, dtype=torch.long), q)

@@ -33,11 +33,10 @@ from dspark_bench.drafters.blockloss import (
     weighted_mean,
 )
 from dspark_bench.drafters.registry import DrafterError, register
-from dspark_bench.drafters.vocab import RowLinear
+from dspark_bench.drafters.vocab import DraftHead, RowLinear
 from dspark_bench.target import to_device
 from dspark_bench.timing import Timer
 from dspark_bench.train.types import LossOutput
-from dspark_bench.verify import sample, to_probs
 
 if TYPE_CHECKING:
     from dspark_bench.target import Target
@@ -114,31 +113,34 @@ class ConfidenceHead(nn.Module):
 
 
 def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, head: MarkovHead | None,
-                  temperature: float, u: torch.Tensor,
-                  timer: Timer | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-to-right sampling of R blocks, batched over requests and on the device. base [R, G, V] fp32 logits U;
-    h [R, G, d]; anchors [R]; u [R, G] the draft uniforms (float64); head None: no Markov term (each token from
-    the backbone's logits alone, still sampled left to right). ``timer``: the head's compute is timed as
-    "head", the draws (:func:`verify.sample`, the engine's one sampler) as "sample".
+                  temperature: float, u: torch.Tensor, timer: Timer | None = None,
+                  draft_head: DraftHead | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-to-right sampling of R blocks, batched over requests and on the device. base [R, G, N] fp32 logits U
+    in ``draft_head``'s head space (N = V for the full head, the default); h [R, G, d]; anchors [R]; u [R, G] the
+    draft uniforms (float64); head None: no Markov term (each token from the backbone's logits alone, still sampled
+    left to right). ``timer``: the head's compute is timed as "head", the draws (:meth:`DraftHead.draw`, the
+    engine's one sampler over the draft vocabulary) as "sample".
 
-    Returns tokens [R, G], q [R, G, V] (the law each token was drawn from) and prev [R, G] (x_{k-1}), all on
-    ``base``'s device. Token k depends on the backbone only through base[:, k] (and h[:, k] for gated/rnn) and
-    on x_{k-1}. q is a [G, R, V] buffer seen as [R, G, V], so that each step's softmax writes contiguous memory
-    (into a [:, k] slice it was 20-30% slower at 8-32 rows on the CPU).
+    Returns tokens [R, G] (target ids), q [R, G, V] (the law each token was drawn from, in full space) and prev
+    [R, G] (x_{k-1}), all on ``base``'s device. Token k depends on the backbone only through base[:, k] (and
+    h[:, k] for gated/rnn) and on x_{k-1}. q is a [G, R, V] buffer seen as [R, G, V], so that each step writes
+    contiguous memory (into a [:, k] slice a softmax was 20-30% slower at 8-32 rows on the CPU).
     """
     timer = timer or Timer(base.device)
-    rows, size, vocab = base.shape
-    q = torch.empty(size, rows, vocab, dtype=torch.float32, device=base.device)
+    rows, size, _ = base.shape
+    draft_head = draft_head or DraftHead.full_space(base.shape[-1])
+    with timer.span("sample"):
+        q = draft_head.law_buffer(size, rows, device=base.device)
     anchors = anchors.to(base.device)
     prev, drawn, state = anchors, [], None
     for k in range(size):
         logits = base[:, k]
         if head is not None:
             with timer.span("head"):
-                bias, state = head.step(h[:, k], prev, state)
+                bias, state = head.step(h[:, k], prev, state, compact=True)
                 logits = logits + bias
         with timer.span("sample"):
-            prev = sample(to_probs(logits, temperature, out=q[k]), u[:, k])
+            prev = draft_head.draw(logits, temperature, u[:, k], q[k])
         drawn.append(prev)
     tokens = torch.stack(drawn, dim=1)  # [R, G]
     return tokens, q.transpose(0, 1), torch.cat([anchors.unsqueeze(1), tokens[:, :-1]], dim=1)
@@ -197,11 +199,11 @@ class DSparkDrafter(BlockDrafter):
     def draw(self, ctx: DraftContext, h: torch.Tensor) -> Proposal:
         """1. base logits U (parallel); 2. Markov sampling (sequential; head and draws timed apart); 3. confidences."""
         with ctx.timer.span("forward"):
-            base = self.model.base_logits(h)
+            base = self.model.base_logits(h, compact=True)  # [R, G, N], head space
         anchors = to_device([s.tokens[-1] for s in ctx.slots], h.device)
         head = self.model.markov_head if self.config.markov else None
         u = ctx.draft_uniforms(base.shape[1], h.device)
-        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.temperature, u, ctx.timer)
+        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.temperature, u, ctx.timer, self.model.draft_head)
         with ctx.timer.span("forward"):
             logit = self.model.confidence_logit(h, prev)
             confidence = None if logit is None else torch.sigmoid(logit.float())

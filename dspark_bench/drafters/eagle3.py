@@ -46,7 +46,6 @@ from dspark_bench.drafters.layers import (
 )
 from dspark_bench.drafters.registry import DrafterError, register
 from dspark_bench.target import to_device
-from dspark_bench.verify import sample, to_probs
 
 if TYPE_CHECKING:
     from dspark_bench.drafters.base import Slot
@@ -362,13 +361,14 @@ class ChainDrafter(Drafter):
         starts = to_device([s.state.length for s in slots], device).unsqueeze(1)
         u = ctx.draft_uniforms(steps, device)  # [R, steps]
         tokens = torch.zeros(len(slots), steps, dtype=torch.long, device=device)
-        q = torch.empty(steps, len(slots), self.target.vocab_size, device=device)  # [steps, R, V]: each step's
-        # softmax writes contiguous memory (see dspark.sample_markov); returned as [R, steps, V]
+        head = self.model.draft_head
+        with timer.span("sample"):  # [steps, R, V]: each step writes contiguous memory (see dspark.sample_markov)
+            q = head.law_buffer(steps, len(slots), device=device)  # returned as [R, steps, V]
         for j in range(steps):
             with timer.span("forward"):
-                logits = self.model.logits(hidden[:, -1])
+                logits = self.model.logits(hidden[:, -1], compact=True)  # [R, N], head space
             with timer.span("sample"):
-                tokens[:, j] = sample(to_probs(logits, ctx.temperature, out=q[j]), u[:, j])  # q[j]: [R, V]
+                tokens[:, j] = head.draw(logits, ctx.temperature, u[:, j], q[j])  # q[j]: [R, V]
             if j == steps - 1:
                 break
             with timer.span("forward"):

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from dspark_bench.verify import sample, to_probs
+
 if TYPE_CHECKING:
     from dspark_bench.target import Target
 
@@ -168,6 +170,12 @@ class DraftHead:
         head = target.model.get_output_embeddings()
         return DraftHead(head.weight, ids, getattr(head, "bias", None), getattr(target, "_softcap", None))
 
+    @staticmethod
+    def full_space(vocab_size: int) -> DraftHead:
+        """No list and no weight: :meth:`law_buffer` and :meth:`draw` over all ``vocab_size`` columns, for logits
+        computed elsewhere (its logit methods are not for use)."""
+        return DraftHead(torch.empty(vocab_size, 0), None)
+
     @property
     def size(self) -> int:
         """N, the number of draftable tokens."""
@@ -184,6 +192,28 @@ class DraftHead:
         """Full-space logits [..., V] (float32), -inf outside the draft vocabulary: ``to_probs`` of them is the
         softmax over S at temperature T (argmax over S at T = 0) with exact zeros elsewhere."""
         return self.to_full(self.sub_logits(h), float("-inf"))
+
+    def law_buffer(self, *shape: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """A float32 buffer [*shape, V] for draft laws in full space, to be filled by :meth:`draw`: zero outside the
+        draft vocabulary (draw writes only its N columns), uninitialised for the full head (draw writes all V)."""
+        make = torch.empty if self.ids is None else torch.zeros
+        return make(*shape, self.vocab_size, dtype=torch.float32, device=device)
+
+    def draw(self, logits: torch.Tensor, temperature: float, u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Draft tokens [...] (target ids) from head-space logits [..., N] (:meth:`sub_logits`, plus any head-space
+        bias) at ``temperature`` with uniforms u [...] (float64), writing the law they were drawn from into ``out``
+        [..., V] (from :meth:`law_buffer`).
+
+        With a list, the softmax and the inverse-CDF search run over the N columns, and the law the token is drawn
+        from goes to S's columns of ``out``: the law of drawing over the full logits with -inf outside S (up to the
+        float32 rounding of a softmax summed over N values instead of V), at N/V of the cost. The ids ascend, so the
+        head-space CDF is the full CDF without its zero steps."""
+        if self.ids is None:
+            return sample(to_probs(logits, temperature, out=out), u)
+        probs = to_probs(logits, temperature)  # [..., N]
+        ids = self.ids.to(probs.device)
+        out.scatter_(-1, ids.expand_as(probs), probs)
+        return ids[sample(probs, u)]
 
     def to_full(self, x: torch.Tensor, fill: float) -> torch.Tensor:  # [..., N] -> [..., V]
         return x if self.ids is None else expand(x, self.ids, self.vocab_size, fill)
