@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -354,3 +355,44 @@ def test_markov_head_option_builds_that_head(target):
 
     choice = next(p for p in train.params if p.name == "markov_head").type
     assert tuple(choice.choices) == MARKOV_HEAD_TYPES  # the CLI's list (kept import-free) matches the model's
+
+
+# ---- scripts/train_curves.py: the stopping rule ---------------------------------------------------------------------
+def _curves_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "train_curves.py"
+    spec = importlib.util.spec_from_file_location("train_curves", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _log(folder, taus, planned=None, torn=False):
+    folder.mkdir(parents=True)
+    lines = [json.dumps({"step": i + 1, "tau": t, "acceptance": [t - 1.0], "seconds": 2.0}) for i, t in enumerate(taus)]
+    (folder / "train_log.jsonl").write_text("\n".join(lines) + "\n" + ('{"step": ' if torn else ""))
+    if planned:
+        (folder / "train_config.json").write_text(json.dumps({"steps": planned}))
+    return folder
+
+
+def test_train_curves_flat_only_when_the_last_quarter_stops_rising(tmp_path, capsys):
+    import math
+
+    script = _curves_script()
+    saturated = _log(tmp_path / "saturated", [1.8 - 0.8 * math.exp(-s / 60) for s in range(800)], planned=800)
+    rising = _log(tmp_path / "rising", [1.0 + 0.001 * s for s in range(800)], planned=1600, torn=True)
+    root = Path(__file__).resolve().parents[1]
+    shipped = script.curves(root / "baselines" / "ablation-smollm2" / "train" / "dspark7", 8)  # the 480-step recipe
+    assert not shipped["flat"] and shipped["gain_q4"] > 0.04 and shipped["complete"]
+    a, b = script.curves(saturated, 10), script.curves(rising, 10)
+    assert a["flat"] and a["complete"] and a["gain_q4"] < 0.01
+    assert not b["flat"] and not b["complete"] and b["steps"] == 800 and b["gain_q4"] > 0.1  # torn line dropped
+    assert b["tau"][0] == pytest.approx(1.0 + 0.001 * 39.5)
+    assert script.main([str(saturated), str(rising), "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| saturated | 800 |" in out and "| rising | 800 of 1600 |" in out
+    assert [r["flat"] for r in json.loads((tmp_path / "c.json").read_text())] == [True, False]
+    with pytest.raises(SystemExit, match="too few"):
+        script.curves(_log(tmp_path / "short", [1.0] * 7), 2)
