@@ -10,6 +10,13 @@ layers: ours are 0-based decoder-layer outputs (HF ``hidden_states[t + 1]``), vL
 (vLLM converts DFlash's ``target_layer_ids`` the same way). Our layer's residual is the fused feature before its
 norm and the next step's hidden is the layer output before the final norm: vLLM's defaults
 (``norm_before_residual`` false, ``norm_output`` false).
+
+A checkpoint trained over a reduced draft vocabulary (``draft_vocab`` in its weights, ``vocab.py``) exports in
+vLLM's own form of one: ``draft_vocab_size`` N in the config, ``lm_head.weight`` [N, d] holding the target LM head's
+rows of the listed ids (copied from the target's weights: the head is frozen, so these are the rows we draft with)
+and ``d2t`` [N], the offset of each listed id from its draft index (vLLM's ``draft_id_to_target_id``:
+target id = draft index + d2t). vLLM then scatters the N logits into a full-vocabulary row with -inf elsewhere,
+the draft law ours uses.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dspark_bench.drafters import checkpoint
+import torch
+
+from dspark_bench.drafters import checkpoint, vocab
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -60,14 +69,41 @@ def export_vllm(source: Path, target_model: Path, out: Path) -> Path:
         raise checkpoint.CheckpointError(f"{source} was trained for a hidden size {meta['target']['hidden_size']}, "
                                          f"the target {target_model} has {target_config['hidden_size']}")
     config = vllm_eagle3_config(meta, target_config)
+    ids = state.pop(vocab.STATE_KEY, None)
     unknown = sorted(k for k in state if not k.startswith(("fc.", "layers.0.", "norm.")))
     if unknown:
         raise checkpoint.CheckpointError(f"{source} holds weights vLLM's llama_eagle3 does not read: {unknown}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if ids is None:  # the full head: vLLM shares the target's, and the weights are ours byte for byte
+        shutil.copyfile(Path(source) / "model.safetensors", out / "model.safetensors")
+    else:
+        from safetensors.torch import save_file
+
+        ids = vocab.check_ids(ids.long(), target_config["vocab_size"])
+        head = target_lm_head(Path(target_model), target_config)
+        config["draft_vocab_size"] = int(ids.numel())
+        save_file({**state, "lm_head.weight": head.index_select(0, ids).contiguous(),
+                   "d2t": ids - torch.arange(ids.numel())}, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    shutil.copyfile(Path(source) / "model.safetensors", out / "model.safetensors")
     (out / "dspark_bench_export.json").write_text(json.dumps(
         {"source": str(source), "method": "eagle3", "target": meta.get("target"), "taps": meta["config"]["taps"],
-         "vllm_aux_layer_ids": config["eagle_aux_hidden_state_layer_ids"]}, indent=2) + "\n")
+         "vllm_aux_layer_ids": config["eagle_aux_hidden_state_layer_ids"],
+         "draft_vocab_size": config["draft_vocab_size"]}, indent=2) + "\n")
     return out
+
+
+def target_lm_head(target_model: Path, target_config: dict[str, Any]) -> torch.Tensor:
+    """The target's LM head weight [V, d] from its safetensors (the input embedding when the two are tied)."""
+    from safetensors import safe_open
+
+    tied = bool(target_config.get("tie_word_embeddings", False))
+    names = ("lm_head.weight",) + (("model.embed_tokens.weight", "embed_tokens.weight") if tied else ())
+    files = sorted(Path(target_model).glob("*.safetensors"))
+    for name in names:
+        for path in files:
+            with safe_open(str(path), "pt") as f:
+                if name in f.keys():
+                    return f.get_tensor(name)
+    raise checkpoint.CheckpointError(f"no {' or '.join(names)} in the safetensors of {target_model}: a reduced-"
+                                     f"vocabulary eagle3 exports the target head's rows it drafts with")

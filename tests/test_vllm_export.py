@@ -38,3 +38,37 @@ def test_only_llama_eagle3_checkpoints_export():
         vllm_eagle3_config({"method": "eagle3", "config": {"layer": {**layer, "qk_norm": True}, "taps": [1]}}, TARGET)
     assert vllm_eagle3_config({"method": "eagle3", "config": {"layer": layer, "taps": [0, 3]}},
                               TARGET)["eagle_aux_hidden_state_layer_ids"] == [1, 4]
+
+
+@pytest.mark.skipif(SHIPPED is None, reason="no shipped eagle3 checkpoint for smollm2-135m")
+@pytest.mark.parametrize("tied", [True, False])
+def test_reduced_vocabulary_eagle3_exports_vllms_draft_head_and_d2t(tmp_path, tied):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "e3-list"
+    shutil.copytree(SHIPPED, src)
+    state = load_file(str(src / "model.safetensors"))
+    ids = torch.tensor([0, 2, 5, 40, 63])
+    save_file({**state, "draft_vocab": ids}, str(src / "model.safetensors"))
+    target = tmp_path / "target"
+    target.mkdir()
+    config = {**TARGET, "vocab_size": 64, "tie_word_embeddings": tied}
+    (target / "config.json").write_text(json.dumps(config))
+    head = torch.randn(64, TARGET["hidden_size"])
+    save_file({"model.embed_tokens.weight" if tied else "lm_head.weight": head,
+               **({} if tied else {"model.embed_tokens.weight": torch.zeros(64, TARGET["hidden_size"])})},
+              str(target / "model.safetensors"))
+    out = export_vllm(src, target, tmp_path / "out")
+    written = load_file(str(out / "model.safetensors"))
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 5
+    assert torch.equal(written["lm_head.weight"], head[ids])  # the rows we draft with
+    assert torch.equal(written.pop("d2t"), ids - torch.arange(5))  # vLLM: target id = draft index + d2t
+    written.pop("lm_head.weight")
+    assert written.keys() == state.keys() and all(torch.equal(written[k], state[k]) for k in state)
+    (target / "model.safetensors").unlink()
+    save_file({"other.weight": head}, str(target / "model.safetensors"))
+    with pytest.raises(checkpoint.CheckpointError, match="lm_head"):
+        export_vllm(src, target, tmp_path / "out2")

@@ -130,6 +130,40 @@ def test_greedy_speculation_reproduces_vllm_without_it_and_eagle3_export_loads(g
     assert accepted >= 0.1 * sum(x[1] for x in by["eagle3"].rounds)  # 0.21 measured on this prompt at 32 tokens
 
 
+def test_reduced_vocabulary_eagle3_exports_and_runs_on_vllm(greedy_run, tmp_path):
+    """Our shipped eagle3 drafting over the 8,192 most frequent tokens of the committed training data, exported in
+    vLLM's draft-vocabulary form (lm_head rows + d2t): vLLM loads it, greedy tokens equal vLLM without speculation,
+    and its drafts are accepted (a wrong d2t would map every draft to another token: acceptance near 0)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dspark_bench.drafters.checkpoint import shipped_folder
+    from dspark_bench.drafters.vocab import read_vocab
+    from dspark_bench.results import read_records
+    from dspark_bench.target import resolve_target
+    from dspark_bench.vllm_export import export_vllm
+
+    listed = tmp_path / "vocab.json"
+    done = cli("data", "vocab", "--data", "data/smollm2/train-6k", "--size", "8192", "--out", str(listed))
+    assert done.returncode == 0, done.stderr[-4000:]
+    src = tmp_path / "eagle3-list"
+    shutil.copytree(shipped_folder("smollm2-135m", "eagle3"), src)
+    state = load_file(str(src / "model.safetensors"))
+    save_file({**state, "draft_vocab": read_vocab(listed)}, str(src / "model.safetensors"))
+    exported = export_vllm(src, Path(resolve_target("smollm2-135m")), tmp_path / "eagle3-list-vllm")
+    assert json.loads((exported / "config.json").read_text())["draft_vocab_size"] == 8192
+    out = tmp_path / "run"
+    done = cli("run", "--engine", "vllm", "--drafter", "eagle3", "--drafter-opt", f"eagle3.model={exported}",
+               "--suite", "gsm8k", "--limit", "1", "--max-new-tokens", "24", "--block-size", "3", "--temperature", "0",
+               "--dtype", "fp32", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    (reduced,) = read_records(out)
+    none = next(r for r in read_records(greedy_run) if r.drafter == "none")
+    assert reduced.prompt_id == none.prompt_id and reduced.output_ids == none.output_ids
+    assert sum(x[2] for x in reduced.rounds) >= 0.1 * sum(x[1] for x in reduced.rounds)  # 12-13 of 36 measured
+
+
 def test_vllm_cpu_rejection_kernels_keep_the_target_law():
     """vLLM's CPU (C++) rejection and recovery kernels, one deterministic draft token (draft probs one-hot, as for
     ngram and greedy-drafted eagle3): the emitted token must follow p. Locates a lossy configuration: when this

@@ -150,7 +150,7 @@ def vocab(data_dir, size, out, sizes, max_length, target):
     from dspark_bench.train.data import complete_sequences
 
     seqs, rows = complete_sequences(data_dir, max_length)
-    tgt = _load_target(target or _data_target(data_dir), "bf16", _device("cpu"))
+    tgt = _load_target(target or _data_target(data_dir), "fp32", _device("cpu"))  # only its vocabulary is read
     counts = dv.token_counts(dv.response_tokens(seqs), tgt.vocab_size)
     special = dv.special_ids(tgt)
     stdout.print(f"{len(seqs)} sequences from {rows} rows of complete shards, {int(counts.sum())} response tokens, "
