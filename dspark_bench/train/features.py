@@ -24,6 +24,7 @@ and every one of the four methods trained on the same data; the cache computes i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -184,8 +185,7 @@ def _complete(folder: Path, key: dict) -> dict | None:
 
 
 def _order_digest(seqs: Sequence[TrainSequence], order: Sequence[int]) -> str:
-    import hashlib
-
+    """A digest of the sequences (ids and tokens) in the order the cache writes them."""
     h = hashlib.sha256()
     for i in order:
         h.update(f"{seqs[i].id}:{','.join(map(str, seqs[i].input_ids))};".encode())
