@@ -11,7 +11,8 @@
 # put ROOT outside the work tree (e.g. /work/dspark-train), which a new session may lay anew. Settings
 # (environment): METHODS (any of dspark dflash eagle3 mtp; default all four), STEPS=4800, VOCAB=8192,
 # DATA=data/smollm2/train-6k, FEATURES=ROOT/features/train-6k, GENERATE=1 (0: use DATA as it is), BIN=.venv/bin.
-# fp32 throughout: on a CPU without AVX-512-BF16 the bf16 target is 15-30x slower (RECIPE).
+# fp32 throughout: on a CPU without AVX-512-BF16 the bf16 target is many times slower (RECIPE section 5: a
+# training step 15x, the feature pass over 4x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-.}
