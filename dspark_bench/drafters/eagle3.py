@@ -203,17 +203,10 @@ class Eagle3Model(ChainModel):
         """
         b, n = batch.input_ids.shape
         positions = torch.arange(n, device=batch.input_ids.device).expand(b, n)
-        hidden, past = self.context(batch.layers, batch.final), None
-        if where is None:
-            out = []
-            for k in range(ttt_length):
-                tokens = shift_left(batch.input_ids, 1 + k)
-                hidden, kv = self(hidden, tokens, positions + k, past, ttt_mask(batch.attention, k))
-                past = kv if past is None else (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
-                out.append(hidden)
-            return out
+        where = positions if where is None else where  # every position: the rows of ttt_mask in order
         first = ttt_mask(batch.attention, 0)  # [B, n, n]: step-0 keys each query sees
-        hidden, past = self(hidden, shift_left(batch.input_ids, 1), positions, None, first)
+        hidden, past = self(self.context(batch.layers, batch.final), shift_left(batch.input_ids, 1), positions, None,
+                            first)
         width = where.shape[1]
         h = hidden.gather(1, where.unsqueeze(-1).expand(b, width, hidden.shape[-1]))
         out = [h]
