@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# The paper's offline protocol (sections 4.1-4.2) on the embedded target with the shipped reference drafters:
-# temperature 1.0, fixed 7-token proposals, no scheduler, all three domains, fixed seeds, 256 new tokens.
+# The paper's offline protocol (sections 4.1-4.2) on the embedded target with the shipped drafters: temperature 1.0,
+# fixed 7-token proposals, no scheduler, all three domains, fixed seeds, 256 new tokens.
 #
 #   scripts/offline_protocol.sh OUT STAGE...     STAGE: a | b | dspark-1l | markov-off | r1   (default: all)
-#   LIMIT=32 (prompts per dataset) RUNS=runs/smollm2 (training runs, for the dspark-1l ablation)
 #
-# a: none, dspark, dflash; b: none, eagle3, mtp -- each stage one run at concurrency 8, so each drafter's speedup
+# a: none, dspark, dflash; b: none, eagle3, mtp -- each stage one run at CONCURRENCY, so each drafter's speedup
 # over `none` is measured side by side in its own run (tau does not depend on the stage or the batch).
 # dspark-1l: DSpark with one backbone layer (Figure 3); markov-off: the shipped DSpark without its Markov head.
-# r1: every drafter at concurrency 1 on 3 prompts per dataset, 2 repeats: the single-request speedups.
+# r1: every drafter at concurrency 1 on R1_LIMIT prompts per dataset, R1_REPEATS interleaved repeats: the
+# single-request wall clock (issue 16's speedup and drafting-cost goals). Only r1's times need a quiet machine;
+# stages a and b may run side by side (LANES=2 runs them at once, one torch thread each) when only tau is wanted.
 # A stage whose summary.json exists is skipped, so re-running resumes stage by stage.
+#
+# Settings (environment): LIMIT=100 (prompts per dataset of a-markov-off: GSM8K 100, AIME25 all 30, HumanEval 100,
+# chat 100 of 128, so every domain has at least 100), CONCURRENCY=8, MAX_NEW=256, DTYPE=fp32 (on a CPU without
+# AVX-512-BF16 bf16 is many times slower; the drafters of data/smollm2/train-6k were trained on fp32 features),
+# R1_LIMIT=4, R1_REPEATS=2, LANES=1, RUNS=runs/smollm2 (training runs, for the dspark-1l ablation), BIN=.venv/bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/offline_protocol.sh OUT [STAGE...]}
@@ -17,24 +23,37 @@ shift
 STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(a b dspark-1l markov-off r1)
 RUNS=${RUNS:-runs/smollm2}
-LIMIT=${LIMIT:-32}
+LIMIT=${LIMIT:-100}
+MAX_NEW=${MAX_NEW:-256}
+LANES=${LANES:-1}
 BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=1
-P=(--suite all --limit "$LIMIT" --max-new-tokens 256 --temperature 1.0 --block-size 7 --scheduler fixed --concurrency 8)
+C=(--temperature 1.0 --block-size 7 --scheduler fixed --max-new-tokens "$MAX_NEW" --dtype "${DTYPE:-fp32}")
+P=(--suite all --limit "$LIMIT" --concurrency "${CONCURRENCY:-8}" "${C[@]}")
+for stage in "${STAGES[@]}"; do
+  case $stage in a | b | dspark-1l | markov-off | r1) ;;
+    *) echo "unknown stage $stage (a, b, dspark-1l, markov-off, r1)"; exit 2 ;;
+  esac
+done
 mkdir -p "$OUT"
 run() {  # run NAME ARGS...
   local name=$1; shift
   [ -f "$OUT/$name/summary.json" ] || $BIN/dspark-bench run "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1
 }
-for stage in "${STAGES[@]}"; do
-  case $stage in
+stage() {
+  case $1 in
     a) run a "${P[@]}" --drafter none,dspark,dflash ;;
     b) run b "${P[@]}" --drafter none,eagle3,mtp ;;
     dspark-1l) run dspark-1l "${P[@]}" --drafter dspark --drafter-opt "dspark.checkpoint=$RUNS/dspark-1l/final" ;;
     markov-off) run markov-off "${P[@]}" --drafter dspark --drafter-opt dspark.markov=false ;;
-    r1) run r1 --suite all --limit 3 --max-new-tokens 128 --temperature 1.0 --block-size 7 --concurrency 1 \
-          --repeats 2 --drafter none,dspark,dflash,eagle3,mtp ;;
-    *) echo "unknown stage $stage (a, b, dspark-1l, markov-off, r1)"; exit 2 ;;
+    r1) run r1 --suite all --limit "${R1_LIMIT:-4}" --concurrency 1 --repeats "${R1_REPEATS:-2}" "${C[@]}" \
+          --drafter none,dspark,dflash,eagle3,mtp ;;
   esac
+}
+pids=()
+for s in "${STAGES[@]}"; do
+  stage "$s" & pids+=($!)
+  if [ ${#pids[@]} -ge "$LANES" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
 done
+for p in "${pids[@]}"; do wait "$p"; done
 echo "done: $OUT (${STAGES[*]})"
