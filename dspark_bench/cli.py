@@ -461,13 +461,18 @@ def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size
 @click.option("--sampled-only", is_flag=True,
               help="Judge only the sampled metrics (tau, positions, speedup, errors): for measuring the gate's "
                    "error rates on sampled reruns (scripts/gate_power.sh), not for CI.")
+@click.option("--drafters", "drafter_list", default=None,
+              help="With --sampled-only: comma list of the baseline drafters to judge (the others are not "
+                   "looked for), each check at the whole gate's interval level. For reruns of one degraded drafter.")
 @friendly
-def gate(baseline_dir, runs, tau_tol, position_tol, speedup_tol, md_path, sampled_only):
+def gate(baseline_dir, runs, tau_tol, position_tol, speedup_tol, md_path, sampled_only, drafter_list):
     """Compare fresh RUNS with a committed baseline; exit 1 on a regression."""
     from dspark_bench.gate import Tolerances, compare, load_baseline, markdown, snapshot
 
     tol = Tolerances(tau=tau_tol, position=position_tol, speedup=speedup_tol)
-    checks = compare(load_baseline(baseline_dir), snapshot(list(runs)), tol, sampled_only=sampled_only)
+    names = None if drafter_list is None else [n.strip() for n in drafter_list.split(",") if n.strip()]
+    checks = compare(load_baseline(baseline_dir), snapshot(list(runs)), tol, sampled_only=sampled_only,
+                     drafters=names)
     table = Table(title=f"gate vs {baseline_dir}")
     for col in ("metric", "scope", "baseline", "new", "interval", "verdict"):
         table.add_column(col)

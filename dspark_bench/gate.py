@@ -39,6 +39,8 @@ Decision rules:
 * **greedy equality** and **lossless verdicts**: any mismatch or failed verdict fails; a baseline with lossless
   rows needs a ``lossless.json`` in the new runs, and a baseline with temperature-0 records needs such records
   (else both fail). ``sampled_only`` (for measuring the gate's error rates on sampled reruns) skips these two.
+  With it, ``drafters`` may name the drafters to judge: a rerun that decodes only a degraded drafter (and
+  ``none``) is judged on exactly the checks the whole gate makes for them, at the whole gate's levels.
 
 A baseline may pool several runs of the same prompts with other seeds (``baseline update RUN1 RUN2 ...``): each
 prompt's counts are summed over the runs, so tau and the position rates are pooled estimates, the bootstrap still
@@ -50,6 +52,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -307,17 +310,30 @@ def lossless_checks(base_rows: list[dict], new_rows: list[dict], sampled_only: b
     return out
 
 
-def compare(baseline: dict, new: dict, tol: Tolerances = Tolerances(), sampled_only: bool = False) -> list[Check]:
+def compare(baseline: dict, new: dict, tol: Tolerances = Tolerances(), sampled_only: bool = False,
+            drafters: Sequence[str] | None = None) -> list[Check]:
     """Every check of the module docstring, baseline vs a new snapshot. ``sampled_only``: judge the sampled
-    metrics (tau, positions, speedup, errors) and skip greedy equality and the lossless battery."""
+    metrics (tau, positions, speedup, errors) and skip greedy equality and the lossless battery. ``drafters``:
+    judge only these baseline drafters' checks (with ``sampled_only``, for the power study's degraded reruns of
+    one drafter); each check keeps the interval level of the whole gate (the Bonferroni split counts every
+    baseline drafter), so the checks judged are exactly those the whole gate would make for these drafters."""
     if baseline["gamma"] != new["gamma"]:
         raise GateError(f"baseline block size {baseline['gamma']} != run block size {new['gamma']}")
+    if drafters is not None:
+        unknown = sorted(set(drafters) - set(baseline["drafters"]))
+        if unknown or not drafters:
+            raise GateError(f"cannot judge drafters {unknown or 'none given'}: the baseline has "
+                            f"{', '.join(baseline['drafters'])}")
+        if not sampled_only:
+            raise GateError("judging only some drafters is for sampled reruns (--sampled-only): greedy equality "
+                            "and the lossless battery are judged over the whole run")
     checks: list[Check] = []
     drafted = [d for name, d in baseline["drafters"].items() if name != "none"]
     n_tau = max(1, sum(1 + len(d["domains"]) for d in drafted))
     n_pos = max(1, sum(len(d["positions"]["examined"]) for d in drafted))
     n_speed = max(1, sum(bool(d["speedup_repeats"]) for d in drafted))
-    for name, b in baseline["drafters"].items():
+    judged = {name: b for name, b in baseline["drafters"].items() if drafters is None or name in drafters}
+    for name, b in judged.items():
         n = new["drafters"].get(name)
         if n is None:
             checks.append(Check("present", name, None, None, "no record of this drafter in the runs", "fail"))
@@ -338,7 +354,8 @@ def compare(baseline: dict, new: dict, tol: Tolerances = Tolerances(), sampled_o
         if not sampled_only:
             checks += _greedy_checks(name, b, n, new)
     for name in sorted(set(new["drafters"]) - set(baseline["drafters"])):
-        checks.append(Check("present", name, None, None, "not in the baseline", "n/a: not judged"))
+        if drafters is None:
+            checks.append(Check("present", name, None, None, "not in the baseline", "n/a: not judged"))
     return checks + lossless_checks(baseline["lossless"], new["lossless"], sampled_only)
 
 

@@ -255,3 +255,30 @@ def test_speedup_is_judged_from_repeats_with_an_interval(tmp_path):
     assert not next(c for c in slight if c.metric == "speedup vs none").failed  # 9% slower: within tolerance
     single = compare(snapshot([_write_run(tmp_path / "b", 1, 3.0)]), snapshot([_write_run(tmp_path / "y", 12, 3.0)]))
     assert "no interval" in next(c for c in single if c.metric == "speedup vs none").interval
+
+
+def test_judging_some_drafters_makes_exactly_their_checks_of_the_whole_gate(tmp_path):
+    """The power study reruns only a degraded drafter beside ``none``: judged with ``drafters``, it gets the checks
+    the whole gate makes for them, at the whole gate's interval levels, and no "missing drafter" failure."""
+    runs = [_write_run(tmp_path / "b1", 1, 3.0), _write_run(tmp_path / "b2", 2, 3.0, drafter="eagle3")]
+    base = snapshot(runs)
+    only = _write_run(tmp_path / "drop", 5, 3.0 * 0.87)  # none + a degraded dspark
+    both = snapshot([only, _write_run(tmp_path / "e", 6, 3.0, drafter="eagle3")])
+    whole = compare(base, both, sampled_only=True)
+    some = compare(base, snapshot([only]), sampled_only=True, drafters=["none", "dspark"])
+    assert ("present", "eagle3") in _failed(compare(base, snapshot([only]), sampled_only=True))
+    assert {c.scope.split(" / ")[0] for c in some} == {"none", "dspark"}
+    mine = [c for c in whole if c.scope.split(" / ")[0] in ("none", "dspark") or c.scope.startswith("dspark")]
+    assert [(c.metric, c.scope, c.interval, c.verdict) for c in some] == \
+        [(c.metric, c.scope, c.interval, c.verdict) for c in mine]
+    assert ("tau", "dspark / all") in _failed(some)
+    with pytest.raises(GateError, match="cannot judge drafters"):
+        compare(base, snapshot([only]), sampled_only=True, drafters=["dpsark"])
+    with pytest.raises(GateError, match="sampled-only"):
+        compare(base, snapshot([only]), drafters=["dspark"])
+    write_baseline(runs, tmp_path / "bl" / "two")
+    runner = CliRunner()
+    args = ["gate", "--baseline", str(tmp_path / "bl" / "two"), str(only), "--sampled-only"]
+    assert runner.invoke(main, [*args, "--drafters", "none,dspark"]).exit_code == 1  # the drop is caught
+    res = runner.invoke(main, [*args, "--drafters", "mtp"])
+    assert res.exit_code == 2 and "cannot judge drafters ['mtp']" in res.output
