@@ -155,7 +155,15 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
 def _resume(ctx: click.Context, folder: Path, cache_dir: str | None) -> None:
     from click.core import ParameterSource
 
-    from dspark_bench.results import MANIFEST, drop_torn_tail, read_manifest, read_records
+    from dspark_bench.metrics import summarize
+    from dspark_bench.results import (
+        MANIFEST,
+        SUMMARY,
+        drop_torn_tail,
+        read_manifest,
+        read_records,
+        write_json,
+    )
     from dspark_bench.runner import missing_keys, resume, spec_from_manifest
     from dspark_bench.suites import load_suite
     from dspark_bench.target import Target
@@ -174,8 +182,13 @@ def _resume(ctx: click.Context, folder: Path, cache_dir: str | None) -> None:
     spec = spec_from_manifest(manifest)
     prompts = load_suite(spec.suite, spec.limit, skip=spec.skip)
     drop_torn_tail(folder)
-    todo = len(missing_keys(spec, prompts, read_records(folder)))
+    records = read_records(folder)
+    todo = len(missing_keys(spec, prompts, records))
     if not todo:
+        if not (folder / SUMMARY).is_file():  # stopped after its last record, before its summary
+            write_json(folder / SUMMARY, summarize(records, spec.block_size))
+            stdout.print(f"{folder} holds every record: its missing {SUMMARY} is written")
+            return
         stdout.print(f"{folder} is complete: nothing to resume")
         return
     console.print(f"loading target [bold]{spec.target}[/] ({spec.dtype}) to decode {todo} requests ...")

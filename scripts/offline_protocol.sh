@@ -10,7 +10,8 @@
 # r1: every drafter at concurrency 1 on R1_LIMIT prompts per dataset, R1_REPEATS interleaved repeats: the
 # single-request wall clock (issue 16's speedup and drafting-cost goals). Only r1's times need a quiet machine;
 # stages a and b may run side by side (LANES=2 runs them at once, one torch thread each) when only tau is wanted.
-# A stage whose summary.json exists is skipped, so re-running resumes stage by stage.
+# A stage whose summary.json exists is skipped and one cut short is completed (`run --resume`), so re-running
+# resumes stage by stage.
 #
 # Settings (environment): LIMIT=100 (prompts per dataset of a-markov-off: GSM8K 100, AIME25 all 30, HumanEval 100,
 # chat 100 of 128, so every domain has at least 100), CONCURRENCY=8, MAX_NEW=256, DTYPE=fp32 (on a CPU without
@@ -36,9 +37,14 @@ for stage in "${STAGES[@]}"; do
   esac
 done
 mkdir -p "$OUT"
-run() {  # run NAME ARGS...
+run() {  # run NAME ARGS...: a stage's run; one that stopped part way (no summary.json) is completed by --resume
   local name=$1; shift
-  [ -f "$OUT/$name/summary.json" ] || $BIN/dspark-bench run "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+  if [ -f "$OUT/$name/summary.json" ]; then return 0; fi
+  if [ -f "$OUT/$name/manifest.json" ]; then
+    $BIN/dspark-bench run --resume "$OUT/$name" >> "$OUT/$name.log" 2>&1
+  else
+    $BIN/dspark-bench run "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+  fi
 }
 stage() {
   case $1 in

@@ -192,3 +192,20 @@ def test_resume_refuses_other_settings_and_folders_without_a_run(tmp_path):
     assert res.exit_code == 2 and "--limit" in res.output and "manifest.json" in res.output
     res = _run("--resume", str(tmp_path))
     assert res.exit_code == 2 and "no manifest.json" in res.output
+
+
+def test_resume_of_a_run_that_holds_every_record_writes_its_missing_summary(tmp_path, monkeypatch):
+    """A run stopped after its last record but before summary.json is completed without loading any model."""
+    from dspark_bench.results import RequestRecord, RunWriter
+    from dspark_bench.suites import load_suite
+    from dspark_bench.target import Target
+
+    prompt = load_suite("chat", 1)[0]
+    args = {"drafters": ["none"], "suite": "chat", "limit": 1, "block_size": 7, "temperature": 1.0}
+    with RunWriter(tmp_path / "r", {"schema_version": 1, "args": args}) as w:
+        w.add(RequestRecord("none", "fixed", prompt.dataset, prompt.domain, prompt.prompt_id, 0, 0, 1, 1, "ok",
+                            "length", 5, (1, 2, 3), ((0, 0, 0, 1),) * 2, ((0.01, 0.0, 0.0, 0.0),) * 2, 0.1, 0.2))
+    monkeypatch.setattr(Target, "load", lambda *a, **k: pytest.fail("no model is needed"))
+    res = _run("--resume", str(tmp_path / "r"))
+    assert res.exit_code == 0 and (tmp_path / "r" / "summary.json").is_file(), res.output
+    assert "nothing to resume" in _run("--resume", str(tmp_path / "r")).output
