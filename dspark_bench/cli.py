@@ -185,11 +185,11 @@ def _resume(ctx: click.Context, folder: Path, cache_dir: str | None) -> None:
     records = read_records(folder)
     todo = len(missing_keys(spec, prompts, records))
     if not todo:
-        if not (folder / SUMMARY).is_file():  # stopped after its last record, before its summary
+        if (folder / SUMMARY).is_file():
+            stdout.print(f"{folder} is complete: nothing to resume")
+        else:  # stopped after its last record, before its summary
             write_json(folder / SUMMARY, summarize(records, spec.block_size))
             stdout.print(f"{folder} holds every record: its missing {SUMMARY} is written")
-            return
-        stdout.print(f"{folder} is complete: nothing to resume")
         return
     console.print(f"loading target [bold]{spec.target}[/] ({spec.dtype}) to decode {todo} requests ...")
     tgt = Target.load(spec.target, dtype=spec.dtype, cache_dir=Path(cache_dir) if cache_dir else None)

@@ -20,8 +20,8 @@
 #
 # Environment (defaults in brackets): STOP_AFTER [unset; "baseline" stops after phase 1], BASELINE_SEEDS [4],
 # CALIB_SEEDS [2], PERTURB_LEVELS ["1.0 1.5 2.0 2.5"], PERTURB [calibrated], TARGET_DROP [0.10], DROP_DRAFTER
-# [dspark], DROP_ALONE [1], REPEATS [1] (interleaved timing repeats per run: the speedup check's units; its spread comes from all
-# seeds), LIMIT [10], MAX_NEW [32], LANES [2] (runs at once, one torch thread each), DRAFTERS [the gate's default
+# [dspark], DROP_ALONE [1], REPEATS [1] (interleaved timing repeats per run: the speedup check's units; its spread
+# comes from all seeds), LIMIT [10], MAX_NEW [32], LANES [2] (runs at once, one torch thread each), DRAFTERS [the gate's default
 # set], BIN [.venv/bin]. The run is the Makefile's GATE_RUN; keep the two in step. A quick check of the script:
 #   DRAFTERS=none,dspark LIMIT=1 MAX_NEW=8 FRESH=1 BASELINE_SEEDS=2 CALIB_SEEDS=1 PERTURB_LEVELS=3.0 REPEATS=1
 #
@@ -45,10 +45,8 @@ LANES=${LANES:-2}
 DROP_ALONE=${DROP_ALONE:-1}
 export OMP_NUM_THREADS=1
 mkdir -p "$OUT"
-if [ "$DROP_ALONE" = 1 ]; then  # what the degraded runs decode, and which drafters' checks judge them
-  ALONE_CALIB="--drafter $DROP_DRAFTER" ALONE_JUDGE_CALIB=$DROP_DRAFTER
-  ALONE_DROP="--drafter none,$DROP_DRAFTER" ALONE_JUDGE_DROP=none,$DROP_DRAFTER
-fi
+CALIB_SET="" DROP_SET=""  # the drafters a degraded run decodes and is judged on (empty: the whole gate)
+if [ "$DROP_ALONE" = 1 ]; then CALIB_SET=$DROP_DRAFTER DROP_SET=none,$DROP_DRAFTER; fi
 seed_of() { echo $((980406 + 7919 * $1)); }  # disjoint blocks: base 101.., calib 201.., fresh 301..
 
 run_case() {  # run_case DIR SEED [--drafter-opt ...]: one sampled run of the gate configuration
@@ -93,12 +91,12 @@ fi
 if [ -z "${PERTURB:-}" ]; then
   for p in $PERTURB_LEVELS; do
     for i in $(seq 1 "$CALIB_SEEDS"); do
-      echo "$OUT/calib/$p-$(seed_of $((200 + i))) $(seed_of $((200 + i))) ${ALONE_CALIB:-} --drafter-opt $DROP_DRAFTER.perturb=$p"
+      echo "$OUT/calib/$p-$(seed_of $((200 + i))) $(seed_of $((200 + i))) ${CALIB_SET:+--drafter $CALIB_SET} --drafter-opt $DROP_DRAFTER.perturb=$p"
     done
   done | in_lanes
   best="" bestgap=""
   for p in $PERTURB_LEVELS; do
-    ratios=$(for d in "$OUT"/calib/"$p"-*/; do judge "$d" "${ALONE_JUDGE_CALIB:-}"; tau_ratio "$d"; done)
+    ratios=$(for d in "$OUT"/calib/"$p"-*/; do judge "$d" "$CALIB_SET"; tau_ratio "$d"; done)
     mean=$(echo "$ratios" | awk 'NF {s += $1; n++} END {if (n) printf "%.4f", s / n}')
     gap=$(awk -v m="$mean" -v t="$TARGET_DROP" 'BEGIN {g = m - (1 - t); print (g < 0 ? -g : g)}')
     echo "perturb $p: mean $DROP_DRAFTER tau ratio $mean" >> "$OUT/calibration.txt"
@@ -112,10 +110,10 @@ echo "$PERTURB" > "$OUT/perturb"
 for i in $(seq 1 "$FRESH"); do
   s=$(seed_of $((300 + i)))
   echo "$OUT/fresh/same-$s $s"
-  echo "$OUT/fresh/drop-$s $s ${ALONE_DROP:-} --drafter-opt $DROP_DRAFTER.perturb=$PERTURB"
+  echo "$OUT/fresh/drop-$s $s ${DROP_SET:+--drafter $DROP_SET} --drafter-opt $DROP_DRAFTER.perturb=$PERTURB"
 done | in_lanes
 for d in "$OUT"/fresh/same-*/; do judge "$d"; done
-for d in "$OUT"/fresh/drop-*/; do judge "$d" "${ALONE_JUDGE_DROP:-}"; done
+for d in "$OUT"/fresh/drop-*/; do judge "$d" "$DROP_SET"; done
 
 # 4. summary
 {

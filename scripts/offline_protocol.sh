@@ -22,7 +22,8 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/offline_protocol.sh OUT [STAGE...]}
 shift
 STAGES=("$@")
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(a b dspark-1l markov-off r1)
+KNOWN=(a b dspark-1l markov-off r1)
+[ ${#STAGES[@]} -gt 0 ] || STAGES=("${KNOWN[@]}")
 RUNS=${RUNS:-runs/smollm2}
 LIMIT=${LIMIT:-100}
 MAX_NEW=${MAX_NEW:-256}
@@ -31,10 +32,8 @@ BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=1
 C=(--temperature 1.0 --block-size 7 --scheduler fixed --max-new-tokens "$MAX_NEW" --dtype "${DTYPE:-fp32}")
 P=(--suite all --limit "$LIMIT" --concurrency "${CONCURRENCY:-8}" "${C[@]}")
-for stage in "${STAGES[@]}"; do
-  case $stage in a | b | dspark-1l | markov-off | r1) ;;
-    *) echo "unknown stage $stage (a, b, dspark-1l, markov-off, r1)"; exit 2 ;;
-  esac
+for s in "${STAGES[@]}"; do  # bad input fails before any work
+  [[ " ${KNOWN[*]} " == *" $s "* ]] || { echo "unknown stage $s (${KNOWN[*]})"; exit 2; }
 done
 mkdir -p "$OUT"
 run() {  # run NAME ARGS...: a stage's run; one that stopped part way (no summary.json) is completed by --resume
