@@ -203,11 +203,17 @@ def heldout_prompts(suite: str, n: int, eval_limit: int, seed: int) -> list[Prom
     return held
 
 
-def generated_prompts(n: int, seed: int, suite: str, eval_limit: int | None, eval_seed: int, train_n: int = 4000,
-                      train_seed: int = 0) -> list[Prompt]:
+# The shipped drafters' training prompts: build_prompts(6144, 0) (data/smollm2/train-6k/manifest.json). Each
+# domain's prompts are a prefix of a longer set's under the same seed, so this also covers the 4,000 of earlier
+# recipes.
+SHIPPED_TRAIN_N = 6144
+
+
+def generated_prompts(n: int, seed: int, suite: str, eval_limit: int | None, eval_seed: int,
+                      train_n: int = SHIPPED_TRAIN_N, train_seed: int = 0) -> list[Prompt]:
     """``n`` prompts from the training prompt generator (``dspark_bench.train.prompts``) under ``seed``, none
     colliding with the suite's evaluation prompts and none equal to a training prompt (``train_n`` prompts
-    under ``train_seed``, the trainer's defaults). Datasets ``gen-<domain>``."""
+    under ``train_seed``: the shipped drafters' training data). Datasets ``gen-<domain>``."""
     from dspark_bench.train.prompts import build_prompts
 
     if seed == train_seed:

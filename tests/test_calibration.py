@@ -129,10 +129,11 @@ def test_generated_prompts_avoid_evaluation_and_training_texts():
     from dspark_bench.sweep import generated_prompts
     from dspark_bench.train.prompts import build_prompts
 
-    held = generated_prompts(20, 1, "chat", None, 980406)
-    assert len(held) == 20 and len({p.prompt_id for p in held}) == 20
-    training = {t.text for t in build_prompts(4000, 0)}
-    evaluation = {p.text for p in load_suite("chat", None, 980406)}
+    held = generated_prompts(48, 7, "all", None, 7)  # the shipped calibration's prompts
+    assert len(held) == 48 and len({p.prompt_id for p in held}) == 48
+    training = {t.text for t in build_prompts(6144, 0)}  # data/smollm2/train-6k: 5 of these 48 under 4,000
+    assert set(build_prompts(4000, 0)) <= set(build_prompts(6144, 0))  # the smaller recipe's prompts are covered
+    evaluation = {p.text for p in load_suite("all", None, 7)}
     assert not {p.text for p in held} & (training | evaluation)
     with pytest.raises(ValueError, match="training seed"):
         generated_prompts(5, 0, "chat", None, 1)
