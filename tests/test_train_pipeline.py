@@ -38,15 +38,15 @@ def test_prompts_are_disjoint_from_every_eval_prompt():
     from dspark_bench.suites import load_suite
 
     evals = [p.text for p in load_suite("all", limit=None)]
-    items = prompts.build_prompts(4000, seed=0)  # built without the guard: disjoint by construction
+    items = prompts.build_prompts(6144, seed=0)  # data/smollm2/train-6k; built without the guard: disjoint by construction
     texts = [p.text for p in items]
-    assert len(set(texts)) == len(texts) == 4000 and len({p.id for p in items}) == 4000
+    assert len(set(texts)) == len(texts) == 6144 and len({p.id for p in items}) == 6144
     assert not set(texts) & set(evals)
     assert not {prompts.normalise(t) for t in texts} & {prompts.normalise(t) for t in evals}
     heads = {e[: prompts.HEAD_CHARS] for e in evals}
     assert not [(h, t) for h in heads for t in texts if h in t]
     counts = {d: sum(p.domain == d for p in items) for d in ("math", "code", "chat")}
-    assert counts == {"math": 1600, "code": 1600, "chat": 800}
+    assert counts == {"math": 2459, "code": 2457, "chat": 1228}
 
 
 def test_prompts_are_seeded_and_the_guard_rejects_collisions():
