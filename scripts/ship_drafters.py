@@ -5,6 +5,8 @@
 
 RUNS/RUN_NAME/final (written by `dspark-bench train`) -> DEST/METHOD/{model.safetensors, config.json}. The
 training log's last line is kept beside them as train_summary.json so the shipped folder says how it was made.
+A calibration.json already in DEST/METHOD was fitted on the weights being replaced: it is removed (and the script
+says so), because confidence schedulers would otherwise pick it up; fit a new one with `dspark-bench calibrate`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ def ship(run: Path, dest: Path) -> int:
         raise SystemExit(f"error: {final} has no finished checkpoint (model.safetensors + config.json)")
     state = load_file(str(final / "model.safetensors"))
     dest.mkdir(parents=True, exist_ok=True)
+    stale = dest / "calibration.json"
+    if stale.is_file():
+        stale.unlink()
+        print(f"removed {stale}: it was fitted on the replaced weights (re-fit it with `dspark-bench calibrate`)")
     save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()},
               str(dest / "model.safetensors"))
     shutil.copyfile(final / "config.json", dest / "config.json")

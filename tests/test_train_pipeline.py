@@ -358,11 +358,11 @@ def test_markov_head_option_builds_that_head(target):
 
 
 # ---- scripts/train_curves.py: the stopping rule ---------------------------------------------------------------------
-def _curves_script():
+def _script(name="train_curves"):  # a script of scripts/, imported as a module
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "train_curves.py"
-    spec = importlib.util.spec_from_file_location("train_curves", path)
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -380,7 +380,7 @@ def _log(folder, taus, planned=None, torn=False):
 def test_train_curves_flat_only_when_the_last_quarter_stops_rising(tmp_path, capsys):
     import math
 
-    script = _curves_script()
+    script = _script()
     saturated = _log(tmp_path / "saturated", [1.8 - 0.8 * math.exp(-s / 60) for s in range(800)], planned=800)
     rising = _log(tmp_path / "rising", [1.0 + 0.001 * s for s in range(800)], planned=1600, torn=True)
     root = Path(__file__).resolve().parents[1]
@@ -396,3 +396,26 @@ def test_train_curves_flat_only_when_the_last_quarter_stops_rising(tmp_path, cap
     assert [r["flat"] for r in json.loads((tmp_path / "c.json").read_text())] == [True, False]
     with pytest.raises(SystemExit, match="too few"):
         script.curves(_log(tmp_path / "short", [1.0] * 7), 2)
+
+
+# ---- scripts/ship_drafters.py ----------------------------------------------------------------------------------------
+def test_shipping_new_weights_removes_the_calibration_of_the_old_ones(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    script = _script("ship_drafters")
+    run = _log(tmp_path / "runs" / "dspark", [1.1, 1.2, 1.3])
+    (run / "final").mkdir()
+    save_file({"w": torch.full((3,), 1.0 + 2.0**-12), "draft_vocab": torch.tensor([0, 5, 7])},
+              str(run / "final" / "model.safetensors"))
+    (run / "final" / "config.json").write_text('{"block_size": 7}')
+    dest = tmp_path / "shipped" / "dspark"
+    dest.mkdir(parents=True)
+    (dest / "calibration.json").write_text("{}")  # fitted on the weights about to be replaced
+    script.main([str(tmp_path / "runs"), str(tmp_path / "shipped"), "dspark"])
+    assert not (dest / "calibration.json").exists() and "removed" in capsys.readouterr().out
+    state = load_file(str(dest / "model.safetensors"))
+    assert state["w"].dtype == torch.bfloat16 and torch.equal(state["w"], torch.ones(3, dtype=torch.bfloat16))
+    assert torch.equal(state["draft_vocab"], torch.tensor([0, 5, 7]))  # integer tensors keep their type
+    assert json.loads((dest / "train_summary.json").read_text())["steps"] == 3
+    with pytest.raises(SystemExit, match="no finished checkpoint"):
+        script.main([str(tmp_path / "runs"), str(tmp_path / "shipped"), "dflash"])
