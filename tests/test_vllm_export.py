@@ -17,16 +17,25 @@ TARGET = {"vocab_size": 49152, "hidden_size": 576, "max_position_embeddings": 81
 
 @pytest.mark.skipif(SHIPPED is None, reason="no shipped eagle3 checkpoint for smollm2-135m")
 def test_shipped_eagle3_exports_with_vllm_layer_ids_and_our_weights(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     (tmp_path / "target").mkdir()
-    (tmp_path / "target" / "config.json").write_text(json.dumps(TARGET))
+    (tmp_path / "target" / "config.json").write_text(json.dumps({**TARGET, "tie_word_embeddings": True}))
+    head = torch.randn(TARGET["vocab_size"], TARGET["hidden_size"]).to(torch.bfloat16)
+    save_file({"model.embed_tokens.weight": head}, str(tmp_path / "target" / "model.safetensors"))
     out = export_vllm(SHIPPED, tmp_path / "target", tmp_path / "e3")
     config = json.loads((out / "config.json").read_text())
     meta, state = checkpoint.load(SHIPPED)
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [t + 1 for t in meta["config"]["taps"]]
     assert config["target_hidden_size"] * len(meta["config"]["taps"]) == state["fc.weight"].shape[1]
+    ids = state["draft_vocab"]  # the shipped Eagle3 drafts over the 8,192-token list (issue 16)
+    assert config["draft_vocab_size"] == ids.numel() == 8192
     with safe_open(str(out / "model.safetensors"), "pt") as f:
-        assert set(f.keys()) == set(state)  # no embed_tokens / lm_head: vLLM shares the target's
+        # no embed_tokens (vLLM shares the target's); the head is the target's rows of the list, with vLLM's d2t
+        assert set(f.keys()) == set(state) - {"draft_vocab"} | {"lm_head.weight", "d2t"}
+        assert torch.equal(f.get_tensor("lm_head.weight"), head[ids].to(f.get_tensor("lm_head.weight").dtype))
 
 
 def test_only_llama_eagle3_checkpoints_export():
@@ -51,6 +60,7 @@ def test_reduced_vocabulary_eagle3_exports_vllms_draft_head_and_d2t(tmp_path, ti
     src = tmp_path / "e3-list"
     shutil.copytree(SHIPPED, src)
     state = load_file(str(src / "model.safetensors"))
+    state.pop("draft_vocab", None)  # the shipped list is replaced by a 5-token one over a 64-token target
     ids = torch.tensor([0, 2, 5, 40, 63])
     save_file({**state, "draft_vocab": ids}, str(src / "model.safetensors"))
     target = tmp_path / "target"
