@@ -16,7 +16,8 @@
 # Settings (environment): LIMIT=100 (prompts per dataset of a-markov-off: GSM8K 100, AIME25 all 30, HumanEval 100,
 # chat 100 of 128, so every domain has at least 100), CONCURRENCY=8, MAX_NEW=256, DTYPE=fp32 (on a CPU without
 # AVX-512-BF16 bf16 is many times slower; the drafters of data/smollm2/train-6k were trained on fp32 features),
-# R1_LIMIT=4, R1_REPEATS=2, LANES=1, RUNS=runs/smollm2 (training runs, for the dspark-1l ablation), BIN=.venv/bin.
+# R1_LIMIT=4, R1_REPEATS=2, R1_THREADS=2 (r1 has the quiet machine to itself; the other stages take one torch thread
+# each), LANES=1, RUNS=runs/smollm2 (training runs, for the dspark-1l ablation), BIN=.venv/bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/offline_protocol.sh OUT [STAGE...]}
@@ -51,7 +52,7 @@ stage() {
     b) run b "${P[@]}" --drafter none,eagle3,mtp ;;
     dspark-1l) run dspark-1l "${P[@]}" --drafter dspark --drafter-opt "dspark.checkpoint=$RUNS/dspark-1l/final" ;;
     markov-off) run markov-off "${P[@]}" --drafter dspark --drafter-opt dspark.markov=false ;;
-    r1) run r1 --suite all --limit "${R1_LIMIT:-4}" --concurrency 1 --repeats "${R1_REPEATS:-2}" "${C[@]}" \
+    r1) OMP_NUM_THREADS=${R1_THREADS:-2} run r1 --suite all --limit "${R1_LIMIT:-4}" --concurrency 1 --repeats "${R1_REPEATS:-2}" "${C[@]}" \
           --drafter none,dspark,dflash,eagle3,mtp ;;
   esac
 }
