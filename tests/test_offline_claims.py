@@ -1,0 +1,122 @@
+"""scripts/offline_claims.py: Table 1 with intervals, paired gains and the decay along the block, from run folders."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from dspark_bench.results import SCHEMA_VERSION, RequestRecord, RunWriter
+
+
+def _script():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "offline_claims.py"
+    spec = importlib.util.spec_from_file_location("offline_claims", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DATASETS = {"gsm8k": "math", "aime25": "math", "humaneval": "code", "chat": "chat"}
+
+
+def _rec(drafter, dataset, pid, rounds, repeat=0):
+    return RequestRecord(drafter=drafter, scheduler="fixed", dataset=dataset, domain=DATASETS[dataset],
+                         prompt_id=pid, index=0, repeat=repeat, seed=1, concurrency=8, status="ok", finish="length",
+                         prompt_len=4, output_ids=(1,) * (1 + sum(r[3] for r in rounds)),
+                         rounds=tuple(tuple(r) for r in rounds), timings=((0.0, 0.0, 0.0, 0.0),) * len(rounds),
+                         ttft_s=0.1, decode_s=1.0)
+
+
+def _run(folder, drafters, n=6, gamma=3, repeats=1):
+    """drafters: {name: f(dataset, prompt index) -> rounds}."""
+    manifest = {"schema_version": SCHEMA_VERSION, "args": {"block_size": gamma}}
+    with RunWriter(folder, manifest) as w:
+        for rep in range(repeats):
+            for ds in DATASETS:
+                for i in range(n):
+                    w.add(_rec("none", ds, f"p{i}", [[0, 0, 0, 1]] * 5, rep))
+                    for name, f in drafters.items():
+                        w.add(_rec(name, ds, f"p{i}", f(ds, i), rep))
+    return folder
+
+
+def _rounds(accepts, gamma=3):  # one round per entry: `a` of gamma drafts accepted, a + 1 tokens committed
+    return [[gamma, gamma, a, a + 1] for a in accepts]
+
+
+def test_tau_gains_and_pairing(tmp_path):
+    # dflash: prompt i accepts a varying number of tokens; dspark: the same rounds with one more committed token in
+    # every fourth round. tau differs a lot between prompts, so an unpaired interval would be wide; paired, every
+    # resample gives nearly the same ratio.
+    def dflash(ds, i):
+        return _rounds([i % 4, 0, 1, (i * 3) % 4] * 2)
+
+    def dspark(ds, i):
+        base = dflash(ds, i)
+        return [[g, v, min(a + 1, g), min(a + 1, g) + 1] if k % 4 == 0 and a < g else [g, v, a, c]
+                for k, (g, v, a, c) in enumerate(base)]
+
+    a = _run(tmp_path / "a", {"dspark": dspark, "dflash": dflash})
+    b = _run(tmp_path / "b", {"eagle3": dflash})
+    s = _script()
+    c = s.claims([a, b], n_boot=500)
+    taus = {n: c["tau"][n]["macro"]["tau"] for n in c["drafters"]}
+    committed = {n: sum(r[3] for ds in DATASETS for i in range(6) for r in f(ds, i)) for n, f in
+                 (("dspark", dspark), ("dflash", dflash))}
+    rounds = sum(len(dflash(ds, i)) for ds in DATASETS for i in range(6))
+    assert taus["dspark"] == pytest.approx(committed["dspark"] / rounds)  # every dataset alike, so macro = pooled
+    assert taus["dflash"] == pytest.approx(committed["dflash"] / rounds) == pytest.approx(taus["eagle3"])
+    g = c["gains"]["dflash"]["macro"]
+    assert g["gain"] == pytest.approx(taus["dspark"] / taus["dflash"] - 1)
+    assert g["ci95"][0] <= g["gain"] <= g["ci95"][1] and g["share_above_0"] == 1.0
+    width = g["ci95"][1] - g["ci95"][0]
+    lo, hi = c["tau"]["dflash"]["macro"]["ci95"]
+    # paired: the gain's interval is far narrower than either tau's own relative interval (here 0.05 against 0.20;
+    # independent resamples would give about 0.20 x sqrt(2))
+    assert width < 0.35 * (hi - lo) / taus["dflash"]
+    assert c["gains"]["eagle3"]["math"]["gain"] == pytest.approx(g["gain"])
+    assert set(c["gains"]) == {"dflash", "eagle3"} and "none" not in c["drafters"]
+    md = s.markdown(c)
+    assert "| `dspark` |" in md and "Decay along the block" in md
+
+
+def test_decay_positions_and_small_counts(tmp_path):
+    # flat: a position is accepted with the same rate whatever came before; decaying: position 2 half as often
+    def flat(ds, i):
+        return _rounds([0, 1, 2, 3] * 10)  # position 1 accepted 30/40, 2: 20/30, 3: 10/20
+
+    def decaying(ds, i):
+        return _rounds([0, 0, 1, 1, 1, 1, 2, 3] * 5)
+
+    a = _run(tmp_path / "a", {"dspark": flat, "dflash": decaying}, n=2)
+    c = _script().claims([a], n_boot=200)
+    pos = c["positions"]["dspark"]["math"]
+    assert [p["rounds"] for p in pos] == [4 * 40, 4 * 30, 4 * 20]  # two prompts x two math datasets
+    assert pos[0]["rate"] == pytest.approx(30 / 40) and pos[1]["rate"] == pytest.approx(20 / 30)
+    lo, hi = pos[0]["wilson95"]
+    assert lo < 0.75 < hi
+    d = c["decay"]["dspark"]["math"]["k2/k1"]
+    assert d["ratio"] == pytest.approx((20 / 30) / (30 / 40))
+    dd = c["decay"]["dflash"]["math"]["k2/k1"]
+    assert dd["ratio"] == pytest.approx((10 / 30) / (30 / 40))  # 6 of 8 rounds pass position 1, 2 of those 6 pass 2
+    # chat has two prompts: its position 3 was tested 2 x 20 = 40 times for flat, enough; 2 x 10 = 20 for decaying
+    assert "k3/k1" in c["decay"]["dspark"]["chat"] and "k3/k1" not in c["decay"]["dflash"]["chat"]
+
+
+def test_refuses_runs_that_are_not_one_protocol(tmp_path):
+    s = _script()
+    a = _run(tmp_path / "a", {"dspark": lambda ds, i: _rounds([1])})
+    b = _run(tmp_path / "b", {"dspark": lambda ds, i: _rounds([1])})
+    with pytest.raises(SystemExit, match="more than one run"):
+        s.claims([a, b])
+    c = _run(tmp_path / "c", {"dflash": lambda ds, i: _rounds([1])}, n=5)
+    with pytest.raises(SystemExit, match="same prompts"):
+        s.claims([a, c])
+    d = _run(tmp_path / "d", {"eagle3": lambda ds, i: _rounds([1])}, gamma=7)
+    with pytest.raises(SystemExit, match="block sizes"):
+        s.claims([a, d])
+    with pytest.raises(SystemExit, match="reference drafter"):
+        s.claims([c])
+    assert s.main([str(tmp_path / "nothing")]) == 2
