@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -31,20 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from dspark_bench.metrics import count_rounds
+from dspark_bench.report.style import domain_sort_key
+from dspark_bench.report.tables import MIN_ROUNDS, wilson
 from dspark_bench.results import read_manifest, read_records
 
-MIN_ROUNDS = 30
 MODEL_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp")
-
-
-def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
-    if n == 0:
-        return None
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return c - h, c + h
 
 
 def load(runs: list[Path]) -> tuple[dict, dict, int]:
@@ -100,8 +90,7 @@ def claims(runs: list[Path], reference: str = "dspark", n_boot: int = 2000) -> d
     if reference not in by_drafter:
         raise SystemExit(f"reference drafter {reference!r} is not in the runs (drafters: {sorted(by_drafter)})")
     datasets = sorted({d for recs in by_drafter.values() for d, _ in recs},
-                      key=lambda d: (["math", "code", "chat"].index(domains[d])
-                                     if domains[d] in ("math", "code", "chat") else 9, d))
+                      key=lambda d: (domain_sort_key(domains[d]), d))
     doms = list(dict.fromkeys(domains[d] for d in datasets))
     names = [n for n in MODEL_DRAFTERS if n in by_drafter] + sorted(set(by_drafter) - set(MODEL_DRAFTERS))
     keys = {d: sorted(k for k in next(iter(by_drafter.values())) if k[0] == d) for d in datasets}
