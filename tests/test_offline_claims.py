@@ -120,3 +120,24 @@ def test_refuses_runs_that_are_not_one_protocol(tmp_path):
     with pytest.raises(SystemExit, match="reference drafter"):
         s.claims([c])
     assert s.main([str(tmp_path / "nothing")]) == 2
+
+
+def test_r1_table_reproduces_the_committed_single_request_stage(tmp_path, capsys):
+    """scripts/r1_table.py on the committed fp32 r1 run: every drafter of its manifest, each tau and speedup the
+    run's own summary.json holds (so the README's r1 table is one command)."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("r1_table", root / "scripts" / "r1_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = root / "baselines" / "offline-smollm2-6k" / "r1"
+    assert script.main([str(run), "--json", str(tmp_path / "r1.json")]) == 0
+    rows = {r["drafter"]: r for r in json.loads((tmp_path / "r1.json").read_text())}
+    assert sorted(rows) == ["dflash", "dspark", "eagle3", "mtp"]
+    summary = json.loads((run / "summary.json").read_text())
+    for name, row in rows.items():
+        want = next(g for g in summary["groups"] if g["drafter"] == name and g["scope"] == "all")
+        assert row["tau"] == pytest.approx(want["tau"]) and row["speedup_vs_none"] == pytest.approx(want["speedup_vs_none"])
+        assert 0 < row["draft_over_vanilla_step"] < 1 and row["verify_s_per_round"] > row["draft_s_per_round"]
+    assert "| dspark |" in capsys.readouterr().out
