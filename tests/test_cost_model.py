@@ -82,6 +82,24 @@ def test_measured_profile_parts_round_trip(tmp_path):
     assert load_profile(tmp_path / "profile.json") == p
 
 
+def test_the_grid_times_the_engines_masked_path_wherever_rows_differ(monkeypatch):
+    """A batch of several rows always differs in length in the engine, so its forward goes through the explicit
+    mask; the profile must time that path, not the model's own causal mask of equal rows (session 14: the latter
+    mispriced the verify by 20-57 % at 16-32 rows). A single row has no pad."""
+    target = tiny_target()
+    seen = []
+    real_bias = target._mask_bias
+    monkeypatch.setattr(target, "_mask_bias", lambda mask, width: seen.append(mask.shape[0]) or real_bias(mask, width))
+    rows_of = []
+    real_forward = target.forward_block
+    monkeypatch.setattr(target, "forward_block",
+                        lambda batch, ids, lengths, taps=(): rows_of.append(batch.rows) or real_forward(batch, ids, lengths, taps))
+    measure_verify_grid(target, (1, 3), (1, 2), (8,), repeats=2, warmup=0)
+    assert rows_of.count(3) == 4 and rows_of.count(1) == 4  # 2 widths x 2 repeats per row count
+    assert seen.count(3) >= 4  # every 3-row forward (and the 3-row prefill) through the explicit mask
+    assert 1 not in seen  # one row: no pad, the model's own mask, as `none` at concurrency 1
+
+
 def test_old_profile_files_still_load(tmp_path):
     old = {"target": "t", "dtype": "bf16", "device": "cpu", "machine": "m", "context_lengths": [0],
            "batch_tokens": [1, 2], "steps_per_s": [[2.0, 1.0]]}
