@@ -19,8 +19,8 @@ A profile measured on another machine (a GPU) can be given instead; the file say
 requests of ``ceil(B / rows)`` tokens each (``width`` = gamma + 1), each row with its own KV cache of the given
 context length, odd rows one token longer. Rows that differ in length, as a real batch's do, attend through an
 explicit mask; equal rows without holes take the model's own causal mask, whose cost differs (on the development
-CPU in bf16 at 32 rows, one token took 1.5x as long through it). A profile of equal rows mispriced the engine's
-verify by 20-57 % at 16 and 32 rows. A single row has no pad, as the engine's ``none`` at concurrency 1.
+CPU in bf16 at 32 rows, one token took 1.5x as long through it). A profile of equal rows priced the engine's
+multi-token verifies 21-57 % low at 16 and 32 rows. A single row has no pad, as the engine's ``none`` at concurrency 1.
 ``batch_tokens`` records rows x tokens actually computed. Each point is the median of
 ``repeats`` timed forwards after ``warmup`` untimed ones; the cache is rolled back after every forward.
 Timing noise (a shared machine) can make a bigger batch look faster, so the step times of each context are

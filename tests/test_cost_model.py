@@ -85,15 +85,19 @@ def test_measured_profile_parts_round_trip(tmp_path):
 def test_the_grid_times_the_engines_masked_path_wherever_rows_differ(monkeypatch):
     """A batch of several rows always differs in length in the engine, so its forward goes through the explicit
     mask; the profile must time that path, not the model's own causal mask of equal rows (session 14: the latter
-    mispriced the verify by 20-57 % at 16-32 rows). A single row has no pad."""
+    priced multi-token verifies 21-57 % low at 16-32 rows). A single row has no pad."""
     target = tiny_target()
     seen = []
     real_bias = target._mask_bias
     monkeypatch.setattr(target, "_mask_bias", lambda mask, width: seen.append(mask.shape[0]) or real_bias(mask, width))
     rows_of = []
     real_forward = target.forward_block
-    monkeypatch.setattr(target, "forward_block",
-                        lambda batch, ids, lengths, taps=(): rows_of.append(batch.rows) or real_forward(batch, ids, lengths, taps))
+
+    def counted_forward(batch, ids, lengths, taps=()):
+        rows_of.append(batch.rows)
+        return real_forward(batch, ids, lengths, taps)
+
+    monkeypatch.setattr(target, "forward_block", counted_forward)
     measure_verify_grid(target, (1, 3), (1, 2), (8,), repeats=2, warmup=0)
     assert rows_of.count(3) == 4 and rows_of.count(1) == 4  # 2 widths x 2 repeats per row count
     assert seen.count(3) >= 4  # every 3-row forward (and the 3-row prefill) through the explicit mask
@@ -278,3 +282,22 @@ def test_the_battery_samples_both_paths_of_the_drafter_skip():
     assert any(x.proposed == 0 for x in mixed) and any(x.proposed > 0 for x in mixed)
     assert all(x.proposed > 0 for x in rounds("hardware-aware[skip=false]"))
     assert {"hardware-aware[skip=false]", "hardware-aware[prior=0.8]"} <= set(battery.VARIANTS)
+
+
+def test_verify_vs_profile_script_prices_the_fixed_cells_of_a_committed_sweep(capsys):
+    """scripts/verify_vs_profile.py on the committed 2026-12-01 sweep and its profile: one row per cell whose width
+    its scheduler fixes (none, fixed, fixed[length=L]), none for hardware-aware; ratios near 1 on that fp32 sweep."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("verify_vs_profile", root / "scripts" / "verify_vs_profile.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert [script.cell_width(n, 7) for n in ("none__fixed__c8", "dspark__fixed__c8", "dspark__fixed@length=2__c8",
+                                              "dspark__hardware-aware@layout=padded__c8")] == [1, 8, 3, None]
+    old = root / "baselines" / "scheduling-smollm2" / "history" / "863d6b9"
+    assert script.main([str(old / "profile.json"), str(old / "sweep")]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert len(rows) == 12 and not any("hardware-aware" in r[1] for r in rows)  # 4 fixed-width cells x R = 1, 2, 4
+    assert all(0.5 < float(r[-2]) < 2.0 for r in rows)
