@@ -332,12 +332,22 @@ def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler
               "traces": len(records), "rows": rows}
     if sweep_dirs:
         checked = [row for d in _names(sweep_dirs) for row in sim.validate(d, table, layout, block_size)["rows"]]
-        result["validation"] = {"sweeps": list(_names(sweep_dirs)), "rows": checked,
-                                "mean_abs_rel_error": sim.mean_abs_errors(checked),
+        errors = sim.validation_errors(checked)
+        result["validation"] = {"sweeps": list(_names(sweep_dirs)), "rows": checked, **errors,
                                 "verify_model": sim.verify_model_error(records, table, layout)}
     Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     _print_rows([{**r, "drafter": f"{r['drafter']} (simulated)"} for r in rows])
+    if sweep_dirs:
+        _print_validation(checked, errors)
     stdout.print(f"SIMULATED results written to {out}")
+
+
+def _print_validation(rows: list[dict], errors: dict) -> None:
+    predicted = sum(not r["replays_itself"] for r in rows)
+    both = [errors[k]["aggregate_tokens_per_s"] for k in ("mean_abs_rel_error", "mean_abs_rel_error_predicted")]
+    text = ["-" if e is None else f"{100 * e:.1f}%" for e in both]
+    stdout.print(f"validation, mean absolute relative error of throughput: {text[0]} over {len(rows)} measured "
+                 f"cells, {text[1]} over the {predicted} predicted from another cell's records")
 
 
 def _label(row: dict) -> str:

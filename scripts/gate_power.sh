@@ -19,7 +19,7 @@
 #   scripts/gate_power.sh OUT [FRESH]        (FRESH: fresh seeds, default 20)
 #
 # Environment (defaults in brackets): STOP_AFTER [unset; "baseline" stops after phase 1], BASELINE_SEEDS [4],
-# CALIB_SEEDS [2], PERTURB_LEVELS ["1.0 1.5 2.0 2.5"], PERTURB [calibrated], TARGET_DROP [0.10], DROP_DRAFTER
+# CALIB_SEEDS [2], PERTURB_LEVELS ["1.0 1.1 1.2 1.3 1.5 2.0 2.5"], PERTURB [calibrated], TARGET_DROP [0.10], DROP_DRAFTER
 # [dspark], DROP_ALONE [1], REPEATS [1] (interleaved timing repeats per run: the speedup check's units; its spread
 # comes from all seeds), LIMIT [10], MAX_NEW [32], LANES [2] (runs at once, one torch thread each), DRAFTERS [the gate's default
 # set], BIN [.venv/bin]. The run is the Makefile's GATE_RUN; keep the two in step. A quick check of the script:
@@ -35,7 +35,7 @@ FRESH=${2:-20}
 BIN=${BIN:-.venv/bin}
 BASELINE_SEEDS=${BASELINE_SEEDS:-4}
 CALIB_SEEDS=${CALIB_SEEDS:-2}
-PERTURB_LEVELS=${PERTURB_LEVELS:-"1.0 1.5 2.0 2.5"}
+PERTURB_LEVELS=${PERTURB_LEVELS:-"1.0 1.1 1.2 1.3 1.5 2.0 2.5"}
 TARGET_DROP=${TARGET_DROP:-0.10}
 DROP_DRAFTER=${DROP_DRAFTER:-dspark}
 REPEATS=${REPEATS:-1}

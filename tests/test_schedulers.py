@@ -289,6 +289,10 @@ def test_sweep_writes_rows_and_the_simulation_replays_them(tmp_path, monkeypatch
     assert len(check["rows"]) == 4 and check["mean_abs_rel_error"]["tau"] is not None
     fixed = next(r for r in check["rows"] if r["label"] == "fixed" and r["concurrency"] == 2)
     assert fixed["rel_error"]["tau"] == pytest.approx(0.0) and abs(fixed["rel_error"]["mean_verify_budget"]) < 0.2
+    predicted = [r for r in check["rows"] if not r["replays_itself"]]  # the fixed cell replays its own records
+    assert fixed["replays_itself"] and len(predicted) == 3
+    assert check["mean_abs_rel_error_predicted"]["tau"] == pytest.approx(
+        sum(abs(r["rel_error"]["tau"]) for r in predicted) / 3)
 
 
 def test_simulation_projects_to_high_concurrency():
