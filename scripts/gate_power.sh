@@ -18,6 +18,9 @@
 #
 #   scripts/gate_power.sh OUT [FRESH]        (FRESH: fresh seeds, default 20)
 #
+# FRESH_FROM [1] numbers the first fresh seed (seeds 300 + FRESH_FROM ...): after a rule was changed on what some
+# fresh seeds showed, they are no longer fresh, and the next measurement starts past them.
+#
 # Environment (defaults in brackets): STOP_AFTER [unset; "baseline" stops after phase 1], BASELINE_SEEDS [4],
 # CALIB_SEEDS [2], PERTURB_LEVELS ["1.0 1.1 1.2 1.3 1.5 2.0 2.5"], PERTURB [calibrated], TARGET_DROP [0.10], DROP_DRAFTER
 # [dspark], DROP_ALONE [1], REPEATS [1] (interleaved timing repeats per run: the speedup check's units; its spread
@@ -32,6 +35,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/gate_power.sh OUT [FRESH]}
 FRESH=${2:-20}
+FRESH_FROM=${FRESH_FROM:-1}
 BIN=${BIN:-.venv/bin}
 BASELINE_SEEDS=${BASELINE_SEEDS:-4}
 CALIB_SEEDS=${CALIB_SEEDS:-2}
@@ -107,7 +111,7 @@ fi
 echo "$PERTURB" > "$OUT/perturb"
 
 # 3. fresh seeds: unchanged and degraded, same seed
-for i in $(seq 1 "$FRESH"); do
+for i in $(seq "$FRESH_FROM" $((FRESH_FROM + FRESH - 1))); do
   s=$(seed_of $((300 + i)))
   echo "$OUT/fresh/same-$s $s"
   echo "$OUT/fresh/drop-$s $s ${DROP_SET:+--drafter $DROP_SET} --drafter-opt $DROP_DRAFTER.perturb=$PERTURB"
@@ -122,7 +126,7 @@ for d in "$OUT"/fresh/drop-*/; do judge "$d" "$DROP_SET"; done
   same_fail=$(cat "$OUT"/fresh/same-*/verdict | grep -c '^fail' || true)
   drop_fail=$(cat "$OUT"/fresh/drop-*/verdict | grep -c '^fail' || true)
   mean_ratio=$(for d in "$OUT"/fresh/drop-*/; do tau_ratio "$d"; done | awk 'NF {s += $1; n++} END {if (n) printf "%.3f", s / n}')
-  echo "# Gate error rates, out of sample (scripts/gate_power.sh $OUT $FRESH)"
+  echo "# Gate error rates, out of sample (FRESH_FROM=$FRESH_FROM scripts/gate_power.sh $OUT $FRESH)"
   echo
   echo "Baseline: $BASELINE_SEEDS pooled seeds; $REPEATS interleaved repeats per run; --limit $LIMIT, $MAX_NEW new tokens."
   echo "Degradation: $DROP_DRAFTER.perturb=$PERTURB (calibration: $(tr '\n' ';' < "$OUT/calibration.txt" 2>/dev/null || echo given))."

@@ -14,6 +14,8 @@ from dspark_bench.gate import (
     Tolerances,
     compare,
     position_checks,
+    ratio_interval,
+    seed_interval,
     snapshot,
     tau_check,
     write_baseline,
@@ -84,7 +86,8 @@ def test_position_check_resamples_prompts(tmp_path):
         assert not [c for c in compare(base, same) if c.metric.startswith("accept@") and c.failed]
     worse = snapshot([_write_run(tmp_path / "w", seed=9, mean_accept=2.0)])
     failed = [c.metric for c in compare(base, worse) if c.metric.startswith("accept@") and c.failed]
-    assert len(failed) >= 4, failed  # (position 1 drops only ~8% in this binomial model: within tolerance)
+    assert len(failed) >= 3, failed  # (position 1 drops only ~9% in this binomial model: within tolerance;
+    # positions 5-7 are reached in too few rounds of the worse run to resolve at the gate's levels)
     old = dict(base, drafters={k: {f: v for f, v in d.items() if f != "position_prompts"}
                                for k, d in base["drafters"].items()})
     with pytest.raises(GateError, match="re-record"):
@@ -282,3 +285,54 @@ def test_judging_some_drafters_makes_exactly_their_checks_of_the_whole_gate(tmp_
     assert runner.invoke(main, [*args, "--drafters", "none,dspark"]).exit_code == 1  # the drop is caught
     res = runner.invoke(main, [*args, "--drafters", "mtp"])
     assert res.exit_code == 2 and "cannot judge drafters ['mtp']" in res.output
+
+
+def _known_runs(rng, p, seeds):
+    """Per-prompt (committed, rounds) of ``seeds`` runs: prompt i accepts each draft with chance p[i], a round
+    commits 1 + its accepted run (at most GAMMA), and a request stops at 31 committed tokens (as in the gate's
+    32-token runs)."""
+    runs = []
+    for _ in range(seeds):
+        run = {}
+        for i, pi in enumerate(p):
+            committed = rounds = 0
+            while committed < 31:
+                committed = min(31, committed + 1 + min(int(rng.geometric(1 - pi)) - 1, GAMMA))
+                rounds += 1
+            run[f"p{i}"] = [committed, rounds]
+        runs.append(run)
+    return runs
+
+
+def test_tau_intervals_cover_the_true_ratio_on_a_known_distribution():
+    """Unchanged drafter, 10 prompts of unequal difficulty, a baseline pooled from 4 seeds: both intervals
+    (variance from the seeds; jackknife over prompts) must cover the true ratio 1 about as often as they claim
+    (95%), and seldom lie wholly below it (nominal 2.5%). The gate's first rule, a percentile bootstrap over the
+    10 prompts, missed below in 6% at this level when simulated (and 9 times its nominal rate at the gate's
+    Bonferroni level)."""
+    rng = np.random.default_rng(5)
+    sims, below, covered = 300, {"seeds": 0, "jackknife": 0}, {"seeds": 0, "jackknife": 0}
+    for _ in range(sims):
+        p = rng.beta(2.0, 2.5, 10)
+        base_runs, new = _known_runs(rng, p, 4), _known_runs(rng, p, 1)[0]
+        base = {k: [sum(r[k][0] for r in base_runs), sum(r[k][1] for r in base_runs)] for k in new}
+        for how, (_, lo, hi) in (("seeds", seed_interval(base_runs, base, new, 0.025)),
+                                 ("jackknife", ratio_interval(base, new, 0.025))):
+            below[how] += hi < 1
+            covered[how] += lo <= 1 <= hi
+    for how in below:
+        assert below[how] / sims <= 0.05, (how, below[how])
+        assert 0.91 <= covered[how] / sims <= 0.995, (how, covered[how])
+
+
+def test_a_pooled_baseline_takes_the_tau_variance_from_its_seeds(tmp_path):
+    one = snapshot([_write_run(tmp_path / "a", 1, 3.0)])
+    two = snapshot([_write_run(tmp_path / "b", 2, 3.0), _write_run(tmp_path / "c", 3, 3.0)])
+    assert len(two["drafters"]["dspark"]["tau_per_run"]) == 2
+    new = snapshot([_write_run(tmp_path / "n", 4, 3.0)])
+    tau = {c.scope: c for c in compare(two, new) if c.metric == "tau"}
+    assert "variance from 2 seeds" in tau["dspark / all"].interval and not tau["dspark / all"].failed
+    assert "jackknife" in next(c for c in compare(one, new) if c.metric == "tau").interval
+    # a baseline seed that lacks a compared prompt cannot give the variance: the jackknife is used
+    assert seed_interval([{"p0": [31, 20]}, {"p1": [31, 20]}], {"p0": [31, 20], "p1": [31, 20]},
+                         {"p0": [31, 20], "p1": [31, 20]}, 0.025) is None
