@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from dspark_bench import rng
-from dspark_bench.drafters.base import DraftContext, Drafter, Proposal, Slot
+from dspark_bench.drafters.base import DraftContext, Drafter, Proposal, RoundTiming, Slot
 from dspark_bench.rounds import Request, RequestResult, RoundStats
 from dspark_bench.schedulers import Fixed, Scheduler
 from dspark_bench.target import KVBatch, Target, to_device
@@ -190,8 +190,10 @@ class Session:
     def _round(self) -> None:
         ctx, live, timer, waiting = self.ctx, self.live, self.timer, len(self.queue)
         scheduler = self.engine.scheduler
+        context = float(np.mean([i.slot.position for i in live]))
         t0 = timer.mark()
-        proposal = self.drafter.propose(ctx) if scheduler.plan(ctx) else Proposal.empty(len(live))  # 1. draft
+        planned = scheduler.plan(ctx)
+        proposal = self.drafter.propose(ctx) if planned else Proposal.empty(len(live))  # 1. draft
         t1 = timer.mark()
         lengths = self._verify_lengths(proposal)  # 2. schedule
         ts = timer.mark()
@@ -213,7 +215,7 @@ class Session:
         self.drafter.commit(ctx, ctx.slots, host.verdicts)
         self._compact()
         t3 = timer.mark()
-        self._record(proposal, lengths, host, (t0, t1, ts, t2, t3), waiting)
+        self._record(proposal, lengths, host, (t0, t1, ts, t2, t3), waiting, (planned, context))
 
     def _verify_lengths(self, proposal: Proposal) -> list[int]:
         chosen = self.engine.scheduler.decide(proposal, self.ctx).tolist()
@@ -261,11 +263,15 @@ class Session:
             item.finish = "eos"
         self._check_done(item)
 
-    def _record(self, proposal: Proposal, lengths: list[int], host: _Host, marks, waiting: int) -> None:
+    def _record(self, proposal: Proposal, lengths: list[int], host: _Host, marks, waiting: int,
+                plan: tuple[bool, float]) -> None:
         timer = self.timer
         t0, t1, ts, t2, t3 = marks  # draft | schedule | verify forward | accept and commit
         draft_s, verify_s = timer.seconds(t0, t1), timer.seconds(ts, t2)
         other_s = timer.seconds(t1, ts) + timer.seconds(t2, t3)
+        last = self.ctx.last_round
+        self.ctx.last_round = RoundTiming((last.index if last else 0) + 1, len(self.live), tuple(n + 1 for n in lengths),
+                                          plan[1], plan[0], draft_s, verify_s, other_s)
         spans = timer.totals()
         proposed = proposal.lengths.tolist()
         for r, (item, v) in enumerate(zip(self.live, host.verdicts, strict=True)):

@@ -27,6 +27,15 @@ Terms used by the confidence schedulers (paper section 3.2, reference section 4)
   1..j-1 did, over the run's earlier rounds (a Beta prior of mean ``prior`` and weight 2 before any);
   ``a_j = prod_{i<=j} h_i``. It stands in for the confidences of a drafter that predicts none, and it is what
   ``plan`` weighs (the round's confidences do not exist before its drafts).
+* **adapt** (on by default): the profile was measured once, apart from the engine, and a batch's real forwards
+  can cost another price (measured on the development CPU: 0.81-0.88x the profile at R = 4, 1.17-1.43x at
+  R = 16-32 for a verify of several tokens). After each round the engine leaves what it measured in
+  ``ctx.last_round``; the scheduler divides each part (the verify forward of a round with or without draft tokens,
+  the drafter's propose, the engine's own time in either kind of round) by the profile's price of that shape and
+  multiplies later prices at the same R by the median of the last 15 such ratios. Timings do not depend on the
+  tokens drafted, so this keeps the decisions non-anticipating (lossless), but it makes them depend on the
+  machine's timing: two runs with the same seeds may verify different lengths (each run lossless, its outputs
+  not replayable token for token). ``adapt=false`` decides from the profile alone, reproducibly.
 * **calibration**: ``c_k <- sigmoid(logit(c_k) / T_k)`` with STS temperatures from a ``calibration.json``
   (:mod:`dspark_bench.calibration`), applied before anything else reads the confidences.
 
@@ -300,17 +309,22 @@ class AcceptanceCounts:
 # ---- confidence schedulers ----------------------------------------------------------------------------------
 @dataclass(eq=False)
 class _Confident(Scheduler):
-    """Shared options: ``profile`` (the cost model), ``calibration`` (STS temperatures), ``layout`` and
-    ``costs`` (price the drafter's propose and the engine overhead when the profile measured them)."""
+    """Shared options: ``profile`` (the cost model), ``calibration`` (STS temperatures), ``layout``, ``costs``
+    (price the drafter's propose and the engine overhead when the profile measured them) and ``adapt`` (correct
+    the profile's prices by what the engine measures as it runs: module docstring)."""
 
     profile: str | Profile | None = None
     calibration: str | None = None
     layout: str = "packed"
     costs: bool = True
+    adapt: bool = True
     reads_confidence: ClassVar[bool] = True
+    ADAPT_WINDOW: ClassVar[int] = 15  # the last rounds of a kind whose measured / priced ratios are kept
     _table: Profile | None = field(default=None, init=False, repr=False)
     _temps: tuple[float, ...] = field(default=(), init=False, repr=False)
     _memo: dict = field(default_factory=dict, init=False, repr=False)  # see _round_seconds
+    _ratios: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> log(measured / priced)
+    _learnt: object = field(default=None, init=False, repr=False)  # the last RoundTiming learnt from
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -327,12 +341,14 @@ class _Confident(Scheduler):
 
     def _round_seconds(self, ctx: DraftContext, drafted: bool = True) -> SecondsFn:
         """The round's seconds as a function of the verify shape (B tokens packed, column width L padded) at
-        the batch's mean context, the drafter's propose (if ``drafted``) and the overhead included when priced.
-        Measures a small profile of the target on first use if none was given. The table of every shape a
-        round of this batch can take is computed once per (R, context to 8 tokens): a scheduler asks every
-        round, and interpolating the profile each time cost 2-3 ms per round on a CPU."""
+        the batch's mean context, the drafter's propose (if ``drafted``) and the overhead included when priced,
+        each part times its measured correction (``adapt``). Measures a small profile of the target on first use
+        if none was given. The table of every shape a round of this batch can take is computed once per (R,
+        context to 8 tokens): a scheduler asks every round, and interpolating the profile each time cost 2-3 ms
+        per round on a CPU."""
         if self._table is None:
             self._table = measure_profile(ctx.target, (1, 2, 4, 8, 16, 32, 64, 128), (256,), repeats=3)
+        self._learn(ctx)
         rows = len(ctx.slots)
         context = 8.0 * round(float(np.mean([s.position for s in ctx.slots])) / 8.0) if ctx.slots else None
         key = (rows, context, drafted, ctx.drafter, ctx.block_size)
@@ -340,28 +356,69 @@ class _Confident(Scheduler):
             if len(self._memo) > 4096:
                 self._memo.clear()
             self._memo[key] = self._shapes(rows, context, drafted, ctx.drafter, ctx.block_size)
-        table = self._memo[key]
+        verify, draft, overhead = self._memo[key]
+        draft *= self.correction(rows, "draft")
+        plain_at = rows if self.layout == "packed" else 0  # the shape that verifies no draft token
+        plain, multi = self.correction(rows, "plain"), self.correction(rows, "multi")
+        rest_plain, rest_multi = (overhead * self.correction(rows, f"other/{kind}") for kind in ("plain", "multi"))
 
         def seconds(shape) -> np.ndarray:
             idx = np.asarray(shape, dtype=np.int64)
-            if idx.size and int(idx.max()) >= len(table):  # a shape beyond the block (a longer proposal)
-                return self._shapes(rows, context, drafted, ctx.drafter, int(idx.max()))[idx]
-            return table[idx]
+            if idx.size and int(idx.max()) >= len(verify):  # a shape beyond the block (a longer proposal)
+                v = self._shapes(rows, context, drafted, ctx.drafter, int(idx.max()))[0][idx]
+            else:
+                v = verify[idx]
+            few = idx <= plain_at
+            return draft + np.where(few, rest_plain, rest_multi) + v * np.where(few, plain, multi)
 
         return seconds
 
-    def _shapes(self, rows: int, context: float | None, drafted: bool, drafter: str, block: int) -> np.ndarray:
-        """Seconds of every verify shape of R = ``rows`` requests with up to ``block`` drafts each: [B + 1]
-        indexed by batch tokens B (packed) or [block + 1] by column width L (padded)."""
+    def _shapes(self, rows: int, context: float | None, drafted: bool, drafter: str,
+                block: int) -> tuple[np.ndarray, float, float]:
+        """The profile's verify seconds of every shape of R = ``rows`` requests with up to ``block`` drafts each
+        ([B + 1] indexed by batch tokens B (packed) or [block + 1] by column width L (padded)), the drafter's
+        propose seconds (0 when not ``drafted`` or not priced) and the engine's overhead (0 when not priced)."""
         table = self._table
-        fixed = 0.0
+        draft = overhead = 0.0
         if self.costs:
-            draft = table.draft_seconds(drafter, rows) if drafted else None
-            fixed = float(table.overhead_seconds(rows)) + (0.0 if draft is None else float(draft))
+            propose = table.draft_seconds(drafter, rows) if drafted else None
+            draft, overhead = (0.0 if propose is None else float(propose)), float(table.overhead_seconds(rows))
         if self.layout == "packed":
             b = np.arange(rows * (block + 1) + 1)
-            return fixed + 1.0 / np.asarray(table.sps(np.maximum(b, 1), context), dtype=np.float64)
-        return fixed + np.asarray(table.verify_seconds(rows, 1 + np.arange(block + 1), context), dtype=np.float64)
+            return 1.0 / np.asarray(table.sps(np.maximum(b, 1), context), dtype=np.float64), draft, overhead
+        return np.asarray(table.verify_seconds(rows, 1 + np.arange(block + 1), context), dtype=np.float64), draft, overhead
+
+    def correction(self, rows: int, part: str) -> float:
+        """measured / priced seconds of ``part`` at R = ``rows``: "plain" (the verify forward of a round that
+        verified no draft token), "multi" (one that verified some), "draft" (plan and propose), "other/plain" and
+        "other/multi" (the engine's own time in either kind of round, acceptance over a wider block costing
+        more). The median over the last ``ADAPT_WINDOW`` rounds of that kind; 1 before any, or without
+        ``adapt``."""
+        seen = self._ratios.get((rows, part))
+        return float(np.exp(np.median(seen))) if seen else 1.0
+
+    def _learn(self, ctx: DraftContext) -> None:
+        """Compare the engine's last round (``ctx.last_round``) with the profile's price of its shape."""
+        t = ctx.last_round
+        if not self.adapt or t is None or t is self._learnt or not t.rows:
+            return
+        self._learnt = t
+        table = self._table
+        if self.layout == "packed":
+            priced = 1.0 / float(table.sps(sum(t.tokens), t.context))
+        else:
+            priced = float(table.verify_seconds(t.rows, max(t.tokens), t.context))
+        kind = "plain" if max(t.tokens) == 1 else "multi"
+        parts = [(kind, t.verify_s, priced)]
+        if self.costs:
+            propose = table.draft_seconds(ctx.drafter, t.rows) if t.drafted else None
+            if propose is not None:
+                parts.append(("draft", t.draft_s, float(propose)))
+            parts.append((f"other/{kind}", t.other_s, float(table.overhead_seconds(t.rows))))
+        for part, measured, price in parts:
+            if measured > 0 and price > 0:
+                self._ratios.setdefault((t.rows, part), deque(maxlen=self.ADAPT_WINDOW)).append(
+                    float(np.log(measured / price)))
 
 
 @register_scheduler("hardware-aware")
@@ -373,10 +430,14 @@ class HardwareAware(_Confident):
     survival measured on earlier rounds stands in for them.
 
     ``skip``: before drafting, compare the best Theta the measured survival promises (drafter's cost included)
-    with a vanilla round's R / T; when drafting does not pay, the engine skips the drafter this round."""
+    with a vanilla round's R / T; when drafting does not promise ``margin`` (2%) more, the engine skips the
+    drafter this round. The margin keeps it from drafting at break-even, where the prices' noise (a few percent,
+    even corrected by ``adapt``) decides, and a drafted round that loses costs more than a vanilla one that
+    does."""
 
     skip: bool = True
     prior: float = 0.5  # the measured survival's prior conditional acceptance per position
+    margin: float = 0.02
     early_stop: ClassVar[bool] = True
     last_plan: bool | None = field(default=None, init=False)
     _counts: AcceptanceCounts = field(default_factory=AcceptanceCounts, init=False, repr=False)
@@ -385,6 +446,8 @@ class HardwareAware(_Confident):
         super().__post_init__()
         if not 0.0 < self.prior < 1.0:
             raise SchedulerError(f"hardware-aware needs 0 < prior < 1, got {self.prior}")
+        if not 0.0 <= self.margin < 1.0:
+            raise SchedulerError(f"hardware-aware needs 0 <= margin < 1, got {self.margin}")
 
     def decide(self, proposal: Proposal, ctx: DraftContext) -> torch.Tensor:
         lengths = proposal.lengths.cpu().numpy()
@@ -416,7 +479,7 @@ class HardwareAware(_Confident):
         else:
             best = best_column(surv, np.full(rows, width), drafted, early_stop=False)[1]
             plain = rows / float(vanilla(np.asarray(0)))
-        self.last_plan = bool(best > plain)
+        self.last_plan = bool(best > plain * (1.0 + self.margin))
         return self.last_plan
 
     def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:

@@ -27,7 +27,9 @@ requests finished while the simulation refilled them at once; the engine now hol
 scheduler's own time fell inside the recorded verify seconds; the engine now books it under ``other_s``.
 
 The schedulers are the real ones (:func:`~dspark_bench.schedulers.create_scheduler`), fed fake proposals and
-told each simulated round's verified and accepted counts (``observe``), as in the engine.
+told each simulated round's verified and accepted counts (``observe``) and its seconds (``ctx.last_round``), as in
+the engine, so a scheduler that adapts its prices (``adapt``) learns the simulated clock's as it would the
+engine's.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dspark_bench.drafters.base import DraftContext, Proposal
+from dspark_bench.drafters.base import DraftContext, Proposal, RoundTiming
 from dspark_bench.metrics import decode_tokens
 from dspark_bench.profile import Profile, load_profile
 from dspark_bench.results import RequestRecord
@@ -146,10 +148,12 @@ def simulate(traces: Sequence[Trace], spec: SimSpec, profile: Profile, overhead:
     live: list[_Live] = []
     done: list[_Live] = []
     totals = np.zeros(5)  # rounds, committed, verified, accepted, seconds
+    last: RoundTiming | None = None  # the previous simulated round, as the engine reports it to the scheduler
     while queue or live:
         while queue and len(live) < spec.concurrency:
             live.append(queue.popleft())
-        totals += _step(live, scheduler, spec, profile, overhead)
+        step, last = _step(live, scheduler, spec, profile, overhead, last)
+        totals += step
         done += [item for item in live if item.tokens >= item.trace.tokens]
         live = [item for item in live if item.tokens < item.trace.tokens]
     return _row(spec, totals, done)
@@ -163,9 +167,12 @@ def _options(spec: SimSpec, profile: Profile) -> dict[str, Any]:
     return {"profile": spec.decisions or profile, **spec.options} if "profile" in names else dict(spec.options)
 
 
-def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhead: RoundFit) -> np.ndarray:
-    """One simulated engine round; returns [1 round per request, committed, verified, accepted, seconds]."""
-    ctx = DraftContext(None, 1.0, spec.block_size, [item.slot for item in live], drafter=spec.drafter)
+def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhead: RoundFit,
+          last: RoundTiming | None) -> tuple[np.ndarray, RoundTiming]:
+    """One simulated engine round: [1 round per request, committed, verified, accepted, seconds] and its timing
+    (``last``: the previous round's, which the scheduler may learn its prices from, as from the engine)."""
+    ctx = DraftContext(None, 1.0, spec.block_size, [item.slot for item in live], drafter=spec.drafter,
+                       last_round=last)
     drafted = scheduler.plan(ctx)
     # 1. the recorded round of each request, as a proposal (none when the scheduler skips the drafter)
     idx = [item.round % len(item.trace.verified) for item in live]
@@ -179,7 +186,10 @@ def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhea
         verify = float(profile.verify_seconds(rows, 1 + max(ver), context))
     else:
         verify = 1.0 / float(profile.sps(rows + sum(ver), context))
-    seconds = overhead.seconds(rows, drafted) + spec.clock_scale * verify
+    draft_s = overhead.seconds(rows, True) - overhead.seconds(rows, False) if drafted else 0.0
+    timing = RoundTiming((last.index if last else 0) + 1, rows, tuple(1 + v for v in ver), context, drafted,
+                         draft_s, spec.clock_scale * verify, overhead.seconds(rows, False))
+    seconds = draft_s + timing.other_s + timing.verify_s
     # 3. accept and commit (a skipped round keeps its recorded round for the next time the drafter runs)
     acc = [min(item.trace.accepted[i], v) for item, i, v in zip(live, idx, ver, strict=True)]
     scheduler.observe(ctx, ver, acc)
@@ -188,7 +198,7 @@ def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhea
         item.slot.position += a + 1
         item.round += int(drafted)
         item.seconds += seconds
-    return np.array([rows, sum(acc) + rows, sum(ver), sum(acc), seconds])
+    return np.array([rows, sum(acc) + rows, sum(ver), sum(acc), seconds]), timing
 
 
 def _proposal(live: list[_Live], idx: list[int]) -> Proposal:

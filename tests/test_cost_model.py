@@ -190,7 +190,7 @@ def _run(target, drafter, scheduler, temperature: float = 1.0, concurrency: int 
 def test_a_skipped_drafter_decodes_exactly_as_vanilla(tiny):
     """Drafts that never pay: the drafter never runs and every token is the one `none` draws (same keys)."""
     drafter = _Counting(_Counting.Config(), tiny)
-    skipped = _run(tiny, drafter, HardwareAware(profile=_costed(50.0), layout="padded"))
+    skipped = _run(tiny, drafter, HardwareAware(profile=_costed(50.0), layout="padded", adapt=False))
     vanilla = _run(tiny, drafters.create("none", tiny), None)
     assert drafter.calls == 0
     assert {i: r.output_ids for i, r in skipped.items()} == {i: r.output_ids for i, r in vanilla.items()}
@@ -200,9 +200,9 @@ def test_a_skipped_drafter_decodes_exactly_as_vanilla(tiny):
 def test_plan_drafts_while_it_pays_and_stops_once_drafts_fail(tiny):
     """Drafting costs 0.2 s, a verify 1 s + 0.06 s per extra token at R = 3: under the prior (0.5 per position)
     drafting pays, so the first round drafts; the drafter's fixed token is rejected, and from then on the
-    rounds decode as vanilla."""
+    rounds decode as vanilla. (adapt=false: this table's seconds are not the tiny target's.)"""
     drafter = _Counting(_Counting.Config(), tiny)
-    out = _run(tiny, drafter, HardwareAware(profile=_costed(0.2, per_token=0.02), layout="padded"))
+    out = _run(tiny, drafter, HardwareAware(profile=_costed(0.2, per_token=0.02), layout="padded", adapt=False))
     rounds = [x for r in out.values() for x in r.rounds]
     assert any(x.proposed == 0 for x in rounds) and any(x.proposed > 0 for x in rounds)
     assert 0 < drafter.calls < max(len(r.rounds) for r in out.values())
@@ -300,3 +300,97 @@ def test_verify_vs_profile_script_prices_the_fixed_cells_of_a_committed_sweep(ca
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
     assert len(rows) == 12 and not any("hardware-aware" in r[1] for r in rows)  # 4 fixed-width cells x R = 1, 2, 4
     assert all(0.5 < float(r[-2]) < 2.0 for r in rows)
+
+
+def test_sched_bar_script_reads_the_bar_off_a_committed_sweep(capsys):
+    """scripts/sched_bar.py on the committed equal-rows sweep of 2026-12-03: hardware-aware over the best of none
+    and the fixed lengths, as its README quotes it (1.004 at R = 1, 0.602 at R = 32)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("sched_bar", root / "scripts" / "sched_bar.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    folder = root / "baselines" / "scheduling-smollm2" / "equal-rows-profile" / "sweep"
+    rows = script.bar_rows(json.loads((folder / "sweep.json").read_text()), "dspark")
+    assert [r["concurrency"] for r in rows] == [1, 2, 4, 8, 16, 32]
+    ratio = [r["ratio"]["hardware-aware[layout=padded]"] for r in rows]
+    assert ratio[0] == pytest.approx(1.004, abs=5e-4) and ratio[-1] == pytest.approx(0.602, abs=5e-4)
+    assert rows[-1]["best"] == rows[-1]["tps"]["none"]  # at R = 32 not speculating is best
+    assert script.main([str(folder)]) == 0 and "| 32 |" in capsys.readouterr().out
+
+
+# ---- adapt: prices corrected by what the engine measures ------------------------------------------------------------
+def _timing(index: int, rows: int, drafts: int, verify_s: float, draft_s: float = 0.0, other_s: float = 0.0):
+    from dspark_bench.drafters.base import RoundTiming
+
+    return RoundTiming(index, rows, (1 + drafts,) * rows, 10.0, drafts > 0, draft_s, verify_s, other_s)
+
+
+def test_adapt_stops_drafting_once_drafted_rounds_cost_more_than_priced():
+    """The profile prices a verify at 1 s whatever its width and a propose at 0.3 s: under the prior, drafting
+    pays at R = 2. The engine then measures a drafted round's verify at 3 s: with adapt the scheduler prices the
+    next drafted rounds at that and skips the drafter; without, it keeps drafting."""
+    for adapt in (True, False):
+        sched = HardwareAware(profile=_costed(0.3), layout="padded", adapt=adapt)
+        ctx = _ctx(2)
+        assert sched.plan(ctx)
+        ctx.last_round = _timing(1, 2, 4, verify_s=3.0, draft_s=0.3)
+        assert sched.plan(ctx) is not adapt
+        assert sched.correction(2, "multi") == pytest.approx(3.0 if adapt else 1.0)
+        assert sched.correction(2, "plain") == 1.0 and sched.correction(2, "draft") == pytest.approx(1.0)
+        assert sched.correction(4, "multi") == 1.0  # learnt per R
+
+
+def test_adapt_takes_the_median_of_the_last_rounds_and_learns_each_round_once():
+    sched = HardwareAware(profile=_costed(0.3), layout="padded")
+    ctx = _ctx(2)
+    ctx.last_round = _timing(1, 2, 0, verify_s=2.0, other_s=0.1)
+    sched.plan(ctx)
+    sched.plan(ctx)  # the same round again: not counted twice
+    assert list(sched._ratios[(2, "plain")]) == pytest.approx([np.log(2.0)])
+    for i, v in enumerate([0.5] * 3 + [100.0] + [1.5] * 20):  # an outlier does not move a median
+        ctx.last_round = _timing(i + 2, 2, 0, verify_s=v)
+        sched.plan(ctx)
+        if i == 3:
+            assert sched.correction(2, "plain") == pytest.approx(0.5)  # median of 2, 0.5 x 3 and 100
+    assert len(sched._ratios[(2, "plain")]) == HardwareAware.ADAPT_WINDOW
+    assert sched.correction(2, "plain") == pytest.approx(1.5)
+    assert (2, "other/plain") not in sched._ratios  # the profile prices no overhead: nothing to correct
+
+
+def test_the_engine_reports_each_round_to_the_scheduler(tiny):
+    """ctx.last_round after each round: its index, rows, the tokens each row verified, the drafter's run and
+    seconds > 0, as the records have them."""
+    from dspark_bench.schedulers import Fixed
+
+    seen = []
+
+    class Watching(Fixed):
+        def plan(self, ctx):
+            seen.append(ctx.last_round)
+            return super().plan(ctx)
+
+    drafter = _Counting(_Counting.Config(), tiny)
+    out = _run(tiny, drafter, Watching(), concurrency=3)
+    reported = [t for t in seen if t is not None]
+    assert [t.index for t in reported] == list(range(1, len(reported) + 1))
+    first = next(r for r in out.values() if r.request.request_id == 0).rounds[0]
+    assert reported[0].rows == 3 and reported[0].drafted
+    assert reported[0].tokens[0] == 1 + first.verified and reported[0].verify_s == pytest.approx(first.verify_s)
+    assert all(t.verify_s > 0 and t.draft_s > 0 for t in reported)
+
+
+def test_the_simulation_reports_its_rounds_so_an_adapting_scheduler_learns_its_clock():
+    """Every draft accepted and a propose priced at 0.3 s: drafting looks worth it. The simulated drafter costs
+    30 s a round: adapt learns that from the first drafted round and decodes as vanilla from then on."""
+    from dspark_bench.simulate import RoundFit, SimSpec, Trace, simulate
+
+    traces = [Trace((4,) * 20, (4,) * 20, ((0.9,) * 4,) * 20, 100, 10) for _ in range(4)]
+    fit = RoundFit(draft=(30.0, 0.0), other=(0.0, 0.0))
+    rows = {adapt: simulate(traces, SimSpec("hardware-aware", 2, {"layout": "padded", "adapt": adapt}, "padded", 4,
+                                            drafter="d"), _costed(0.3), fit) for adapt in (True, False)}
+    assert rows[True]["aggregate_tokens_per_s"] > 5 * rows[False]["aggregate_tokens_per_s"]
+    assert rows[True]["mean_verify_budget"] < 1.1 < rows[False]["mean_verify_budget"]

@@ -51,6 +51,21 @@ class Slot:
         return len(self.tokens) - 1
 
 
+@dataclass(frozen=True)
+class RoundTiming:
+    """What the engine measured of its last round, for a scheduler that prices rounds (``DraftContext.last_round``).
+    ``index`` counts the session's rounds from 1, so each round is learnt once."""
+
+    index: int
+    rows: int
+    tokens: tuple[int, ...]  # tokens each row verified: 1 + its draft tokens
+    context: float  # the rows' mean position when the round began
+    drafted: bool  # the drafter ran (the scheduler's plan let it)
+    draft_s: float  # plan and propose
+    verify_s: float  # the target's forward
+    other_s: float  # scheduling, acceptance and bookkeeping
+
+
 @dataclass(eq=False)
 class DraftContext:
     """Run-wide facts plus the active slots in batch order."""
@@ -61,6 +76,7 @@ class DraftContext:
     slots: list[Slot] = field(default_factory=list)
     timer: Timer = field(default_factory=Timer)  # spans "forward", "head", "sample" (see dspark_bench.timing)
     drafter: str = ""  # the drafter's registry name (a scheduler looks up its cost in the profile by it)
+    last_round: RoundTiming | None = None  # set by the engine after each round
 
     def draft_uniforms(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """Uniforms [R, n] (float64) for draft tokens 1..n of every slot: key (seed, position + j, DRAFT)."""

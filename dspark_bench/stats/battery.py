@@ -87,8 +87,10 @@ PLANS = MappingProxyType({
 # round whose drafts would not pay (then it decodes as vanilla); on the battery's cases at concurrency 16 that is
 # every round under its default prior. With skip=false the sampled checks see its length decisions in every
 # round; with an optimistic prior it drafts until the acceptance it measures says otherwise, then skips, so a
-# run holds both kinds of rounds (tests/test_cost_model.py checks that it does).
-VARIANTS = ("hardware-aware[skip=false]", "hardware-aware[prior=0.8]")
+# run holds both kinds of rounds (tests/test_cost_model.py checks that it does). The battery's schedulers decide
+# from its fixed table alone (checks.scheduler_for pins adapt=false); the adapt=true variant prices rounds by the
+# engine's measured seconds against that table, so its decisions follow the machine's timing.
+VARIANTS = ("hardware-aware[skip=false]", "hardware-aware[prior=0.8]", "hardware-aware[prior=0.8,adapt=true]")
 MAX_WAVES = 1000  # a safety stop for a target that ends every request at once
 SYNTHETIC_PROMPTS = ((0,), (1,))
 
