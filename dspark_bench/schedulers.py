@@ -62,6 +62,7 @@ from dspark_bench.profile import Profile, load_profile, measure_profile
 
 _SCHEDULERS: dict[str, type[Scheduler]] = {}  # filled by @register_scheduler at import time only
 LAYOUTS = ("packed", "padded")
+_SIBLING = {"plain": "multi", "multi": "plain", "other/plain": "other/multi", "other/multi": "other/plain"}
 SecondsFn = Callable[[np.ndarray], np.ndarray]  # verify shape [n] (B tokens, or column width L) -> round seconds [n]
 
 
@@ -392,9 +393,13 @@ class _Confident(Scheduler):
         """measured / priced seconds of ``part`` at R = ``rows``: "plain" (the verify forward of a round that
         verified no draft token), "multi" (one that verified some), "draft" (plan and propose), "other/plain" and
         "other/multi" (the engine's own time in either kind of round, acceptance over a wider block costing
-        more). The median over the last ``ADAPT_WINDOW`` rounds of that kind; 1 before any, or without
+        more). The median over the last ``ADAPT_WINDOW`` rounds of that kind. A kind not measured yet at this R
+        takes its sibling's (plain for multi and back, and likewise for the overhead): the machine that makes a
+        one-token forward 1.4x its price makes a wider one dearer too, and correcting only the kind it has seen
+        would make the other look cheap (measured, session 15: at R = 32 every vanilla step cost 1.43x its price,
+        so drafts, priced uncorrected, looked worth two rounds of drafting that lost). 1 before any, or without
         ``adapt``."""
-        seen = self._ratios.get((rows, part))
+        seen = self._ratios.get((rows, part)) or self._ratios.get((rows, _SIBLING.get(part, part)))
         return float(np.exp(np.median(seen))) if seen else 1.0
 
     def _learn(self, ctx: DraftContext) -> None:

@@ -141,7 +141,7 @@ for d in "$OUT"/fresh/drop-*/; do judge "$d" "$DROP_SET"; done
   echo "| case | verdict | $DROP_DRAFTER tau ratio (pooled) | failed checks |"
   echo "|---|---|---|---|"
   for d in "$OUT"/fresh/*/; do
-    rows=$(grep '\*\*FAIL\*\*' "$d/gate.md" 2>/dev/null | awk -F'|' '{gsub(/^ +| +$/,"",$2); gsub(/^ +| +$/,"",$3); printf "%s %s; ", $2, $3}')
+    rows=$(grep '\*\*FAIL\*\*' "$d/gate.md" 2>/dev/null | awk -F'|' '{gsub(/^ +| +$/,"",$2); gsub(/^ +| +$/,"",$3); printf "%s %s; ", $2, $3}' || true)  # a passing case has no FAIL row (grep exits 1)
     echo "| $(basename "$d") | $(cat "$d/verdict") | $(tau_ratio "$d") | ${rows:-–} |"
   done
 } > "$OUT/summary.md"

@@ -331,17 +331,31 @@ def _timing(index: int, rows: int, drafts: int, verify_s: float, draft_s: float 
 
 def test_adapt_stops_drafting_once_drafted_rounds_cost_more_than_priced():
     """The profile prices a verify at 1 s whatever its width and a propose at 0.3 s: under the prior, drafting
-    pays at R = 2. The engine then measures a drafted round's verify at 3 s: with adapt the scheduler prices the
-    next drafted rounds at that and skips the drafter; without, it keeps drafting."""
+    pays at R = 2. The engine measures a vanilla step at its price, then a drafted round's verify at 3 s: with
+    adapt the scheduler prices the next drafted rounds at that and skips the drafter; without, it keeps
+    drafting."""
     for adapt in (True, False):
         sched = HardwareAware(profile=_costed(0.3), layout="padded", adapt=adapt)
         ctx = _ctx(2)
         assert sched.plan(ctx)
-        ctx.last_round = _timing(1, 2, 4, verify_s=3.0, draft_s=0.3)
+        ctx.last_round = _timing(1, 2, 0, verify_s=1.0)
+        assert sched.plan(ctx)
+        ctx.last_round = _timing(2, 2, 4, verify_s=3.0, draft_s=0.3)
         assert sched.plan(ctx) is not adapt
         assert sched.correction(2, "multi") == pytest.approx(3.0 if adapt else 1.0)
-        assert sched.correction(2, "plain") == 1.0 and sched.correction(2, "draft") == pytest.approx(1.0)
+        assert sched.correction(2, "plain") == pytest.approx(1.0) and sched.correction(2, "draft") == pytest.approx(1.0)
         assert sched.correction(4, "multi") == 1.0  # learnt per R
+
+
+def test_adapt_does_not_draft_because_only_vanilla_steps_were_found_dear():
+    """Session 15's loss at R = 32: vanilla steps measured at 1.43x their price, drafted rounds never measured.
+    Correcting the plain price alone made drafting look cheap; the unmeasured kind takes the measured one's."""
+    sched = HardwareAware(profile=_costed(0.3, per_token=0.5), layout="padded")
+    ctx = _ctx(2)
+    assert not sched.plan(ctx)  # by the profile, drafting does not pay at R = 2 here
+    ctx.last_round = _timing(1, 2, 0, verify_s=10.0)  # vanilla steps 10x their price
+    assert not sched.plan(ctx)
+    assert sched.correction(2, "multi") == pytest.approx(10.0)
 
 
 def test_adapt_takes_the_median_of_the_last_rounds_and_learns_each_round_once():
