@@ -210,6 +210,21 @@ def tau_check(scope: str, base: dict[str, list[int]], new: dict[str, list[int]],
                  f"ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}]{how}", "fail" if fail else "pass")
 
 
+def _shared(base: dict, new: dict) -> list[str] | None:
+    """The prompts both runs hold, sorted, when they are at least 80% of either run's (then pair them, so each
+    prompt's difficulty cancels); else None (compare the runs unpaired)."""
+    common = sorted(set(base) & set(new))
+    return common if len(common) >= 0.8 * max(len(base), len(new)) else None
+
+
+def _log_interval(ratio: float, var: float, df: float, tail: float) -> tuple[float, float, float]:
+    """``ratio`` and its interval ratio x exp(+-t_df(1 - tail) sqrt(var)) (``var``: the variance of its log)."""
+    from scipy import stats
+
+    half = float(stats.t.ppf(1 - tail, df)) * math.sqrt(var)
+    return float(ratio), float(ratio * math.exp(-half)), float(ratio * math.exp(half))
+
+
 def seed_interval(base_runs: Sequence[dict[str, list[int]]], base: dict[str, list[int]],
                   new: dict[str, list[int]], tail: float) -> tuple[float, float, float] | None:
     """tau_new / tau_base and its interval (``tail`` in each tail), the variance measured across the baseline's
@@ -226,10 +241,8 @@ def seed_interval(base_runs: Sequence[dict[str, list[int]]], base: dict[str, lis
     happens to be small makes a chance dip look resolved. Measured on 11 fresh seeds (baselines/smollm2-gate/
     power.md), 165 per-domain ratios of unchanged drafters: 5.5% of the jackknife's t statistics fell below the
     t distribution's 2.5% point; with the seeds' variance, 3.6% fell below the normal's 2.3%."""
-    from scipy import stats
-
-    keys = sorted(set(base) & set(new))
-    if len(base_runs) < 2 or len(keys) < 0.8 * max(len(base), len(new)):
+    keys = _shared(base, new)
+    if len(base_runs) < 2 or keys is None:
         return None
     if any(k not in run for run in base_runs for k in keys):
         return None
@@ -244,8 +257,7 @@ def seed_interval(base_runs: Sequence[dict[str, list[int]]], base: dict[str, lis
         return ratio, 0.0, 0.0
     lin = x[:, :, 0] / c1 - x[:, :, 1] / r1  # [K, n]
     var = float(lin.var(axis=0, ddof=1).sum()) * (1 + 1 / k_seeds)
-    half = float(stats.t.ppf(1 - tail, len(keys) * (k_seeds - 1))) * math.sqrt(var)
-    return ratio, ratio * math.exp(-half), ratio * math.exp(half)
+    return _log_interval(ratio, var, len(keys) * (k_seeds - 1), tail)
 
 
 def ratio_interval(base: dict[str, Sequence[float]], new: dict[str, Sequence[float]],
@@ -262,13 +274,11 @@ def ratio_interval(base: dict[str, Sequence[float]], new: dict[str, Sequence[flo
     upper bound fell below a true ratio of 1 in 1.1% of unchanged reruns (9 times the nominal rate), the
     jackknife t bound in 0.1%; measured, unchanged drafters failed 3 of 11 fresh seeds on per-domain tau (10
     prompts each) under the bootstrap rule (baselines/smollm2-gate/power.md)."""
-    from scipy import stats
-
     def prep(d: dict[str, Sequence[float]], keys: list[str]) -> np.ndarray:
         return np.array([d[k] for k in keys], float).reshape(len(keys), 2)
 
-    common = sorted(set(base) & set(new))
-    paired = len(common) >= 0.8 * max(len(base), len(new))
+    common = _shared(base, new)
+    paired = common is not None
     if paired:
         b, n = prep(base, common), prep(new, common)
         keep = (b[:, 1] > 0) | (n[:, 1] > 0)
@@ -300,8 +310,7 @@ def ratio_interval(base: dict[str, Sequence[float]], new: dict[str, Sequence[flo
         df = var**2 / (vb**2 / max(len(b) - 1, 1) + vn**2 / max(len(n) - 1, 1)) if var > 0 else 1
     if not math.isfinite(var) or df < 1:
         return float(ratio), 0.0, math.inf
-    half = float(stats.t.ppf(1 - tail, df)) * math.sqrt(var)
-    return float(ratio), float(ratio * math.exp(-half)), float(ratio * math.exp(half))
+    return _log_interval(ratio, var, df, tail)
 
 
 def position_checks(name: str, base: dict, new: dict, tol: Tolerances,

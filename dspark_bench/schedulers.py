@@ -325,6 +325,7 @@ class _Confident(Scheduler):
     _temps: tuple[float, ...] = field(default=(), init=False, repr=False)
     _memo: dict = field(default_factory=dict, init=False, repr=False)  # see _round_seconds
     _ratios: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> log(measured / priced)
+    _factors: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> exp(median of _ratios)
     _learnt: object = field(default=None, init=False, repr=False)  # the last RoundTiming learnt from
 
     def __post_init__(self):
@@ -399,8 +400,8 @@ class _Confident(Scheduler):
         would make the other look cheap (measured, session 15: at R = 32 every vanilla step cost 1.43x its price,
         so drafts, priced uncorrected, looked worth two rounds of drafting that lost). 1 before any, or without
         ``adapt``."""
-        seen = self._ratios.get((rows, part)) or self._ratios.get((rows, _SIBLING.get(part, part)))
-        return float(np.exp(np.median(seen))) if seen else 1.0
+        factors = self._factors
+        return factors.get((rows, part)) or factors.get((rows, _SIBLING.get(part, part)), 1.0)
 
     def _learn(self, ctx: DraftContext) -> None:
         """Compare the engine's last round (``ctx.last_round``) with the profile's price of its shape."""
@@ -421,9 +422,10 @@ class _Confident(Scheduler):
                 parts.append(("draft", t.draft_s, float(propose)))
             parts.append((f"other/{kind}", t.other_s, float(table.overhead_seconds(t.rows))))
         for part, measured, price in parts:
-            if measured > 0 and price > 0:
-                self._ratios.setdefault((t.rows, part), deque(maxlen=self.ADAPT_WINDOW)).append(
-                    float(np.log(measured / price)))
+            if measured > 0 and price > 0:  # the median is taken here, once a round, not at every price asked
+                seen = self._ratios.setdefault((t.rows, part), deque(maxlen=self.ADAPT_WINDOW))
+                seen.append(float(np.log(measured / price)))
+                self._factors[(t.rows, part)] = float(np.exp(np.median(seen)))
 
 
 @register_scheduler("hardware-aware")
