@@ -336,3 +336,21 @@ def test_a_pooled_baseline_takes_the_tau_variance_from_its_seeds(tmp_path):
     # a baseline seed that lacks a compared prompt cannot give the variance: the jackknife is used
     assert seed_interval([{"p0": [31, 20]}, {"p1": [31, 20]}], {"p0": [31, 20], "p1": [31, 20]},
                          {"p0": [31, 20], "p1": [31, 20]}, 0.025) is None
+
+
+def test_the_tstat_spread_script_reproduces_power_md_from_committed_runs():
+    """scripts/gate_tstat_spread.py on the committed baseline seeds and session 14's 11 unchanged reruns gives
+    the spread power.md quotes (1.16 over 165 per-domain statistics, 3.6% below -2)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gate_tstat_spread", root / "scripts" / "gate_tstat_spread.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    gate = root / "baselines" / "smollm2-gate"
+    bases = [snapshot([p]) for p in sorted(gate.glob("runs/*/t1"))]
+    fresh = [snapshot([p]) for p in sorted(gate.glob("power-2026-12-03/fresh/same-*/t1"))]
+    z = np.array(script.statistics(bases, fresh)["domains"])
+    assert len(bases) == 4 and len(z) == 165
+    assert np.std(z, ddof=1) == pytest.approx(1.16, abs=0.005) and np.mean(z < -2) == pytest.approx(0.036, abs=5e-4)
