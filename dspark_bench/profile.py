@@ -327,15 +327,17 @@ def measure_verify_grid(target: Target, rows: Sequence[int] = DEFAULT_ROWS, widt
     return VerifyGrid(tuple(contexts), tuple(rows), tuple(widths), tuple(tables))
 
 
-def isotonic(values: np.ndarray) -> np.ndarray:
-    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for v in values.astype(np.float64):
-        blocks.append([v, 1])
+def isotonic(values: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """The non-decreasing sequence closest to ``values`` in (weighted) least squares (pool adjacent violators)."""
+    values = np.asarray(values, dtype=np.float64)
+    weights = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=np.float64)
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([v, w, 1])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    return np.concatenate([np.full(int(n), m) for m, n in blocks])
+            (m2, w2, n2), (m1, w1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([np.full(int(n), m) for m, _, n in blocks]) if blocks else values
 
 
 def _measure_context(target: Target, context: int, shapes: Sequence[tuple[int, int]], repeats: int, warmup: int,

@@ -25,8 +25,11 @@ Terms used by the confidence schedulers (paper section 3.2, reference section 4)
   accepted counts. Neither looks at a draft token of the round it decides, so both keep the output lossless.
 * **measured survival**: ``h_j`` = the share of verified draft tokens at position j that survived given that
   1..j-1 did, over the run's earlier rounds (a Beta prior of mean ``prior`` and weight 2 before any);
-  ``a_j = prod_{i<=j} h_i``. It stands in for the confidences of a drafter that predicts none, and it is what
-  ``plan`` weighs (the round's confidences do not exist before its drafts).
+  ``a_j = prod_{i<=j} h_i``. It stands in for the confidences of a drafter that predicts none. ``plan`` weighs
+  the mean survival of the run's recent proposals (recalibrated now), since the round's own confidences do not
+  exist before its drafts; ``h`` for a drafter without confidences. Not ``h`` for one with them: where ``decide``
+  verifies only confident tokens, ``h_j`` counts only those, and overstates what a round will deliver
+  (session 16: ``h`` promised 1.9 tokens a request at concurrency 4 where rounds delivered 1.6).
 * **adapt** (on by default): the profile was measured once, apart from the engine, and a batch's real forwards
   can cost another price (measured on the development CPU: 0.81-0.88x the profile at R = 4, 1.17-1.43x at
   R = 16-32 for a verify of several tokens). After each round the engine leaves what it measured in
@@ -38,6 +41,13 @@ Terms used by the confidence schedulers (paper section 3.2, reference section 4)
   not replayable token for token). ``adapt=false`` decides from the profile alone, reproducibly.
 * **calibration**: ``c_k <- sigmoid(logit(c_k) / T_k)`` with STS temperatures from a ``calibration.json``
   (:mod:`dspark_bench.calibration`), applied before anything else reads the confidences.
+* **recalibrate** (on by default): the temperatures were fitted offline on other prompts, and on the suites a
+  drafter can be overconfident (measured, session 16: the shipped DSpark's calibrated 0.45 survived 0.28-0.35 of
+  the time at concurrency 4, 0.65 about 0.5). :class:`OnlineCalibration` bins the calibrated confidences of the
+  draft tokens the run verified (each tested only if its predecessors survived) against whether they survived,
+  and maps later confidences through the binned rates (a prior of weight ``OnlineCalibration.WEIGHT`` at the
+  identity). Binning on c itself keeps the rates unbiased although the scheduler verifies the confident tokens
+  more often. It learns only from earlier rounds, so it keeps the decisions lossless.
 
 Options reach a scheduler only through ``create_scheduler(name, **options)``; strings (from the CLI) are
 converted to the option's declared type (``true``/``false`` for flags). ``profile`` is a ``profile.json`` path or a :class:`Profile`; without
@@ -58,7 +68,7 @@ import torch
 
 from dspark_bench.calibration import apply_temperatures, load_temperatures
 from dspark_bench.drafters.base import DraftContext, Proposal
-from dspark_bench.profile import Profile, load_profile, measure_profile
+from dspark_bench.profile import Profile, isotonic, load_profile, measure_profile
 
 _SCHEDULERS: dict[str, type[Scheduler]] = {}  # filled by @register_scheduler at import time only
 LAYOUTS = ("packed", "padded")
@@ -307,18 +317,72 @@ class AcceptanceCounts:
         return (passed + 2.0 * prior) / (tested + 2.0)
 
 
+@dataclass
+class OnlineCalibration:
+    """Confidence -> survival rate learnt during a run (the module docstring's *recalibrate*).
+
+    ``BINS`` equal bins of c on [0, 1], pooled over positions (a conditional confidence means the same at every
+    position). A bin's rate is ``(passed + WEIGHT * cbar) / (tested + WEIGHT)``, cbar the mean confidence seen
+    in it: with little evidence the map stays near the identity. The rates of the bins seen are made
+    non-decreasing (pool adjacent violators, weighted by tested + WEIGHT), and a confidence moves by the offset
+    ``rate - cbar``, interpolated between the seen bins' means (the nearest one's beyond them), so confidences
+    keep their order. Before any tested draft the map is the identity."""
+
+    BINS: ClassVar[int] = 10
+    WEIGHT: ClassVar[float] = 8.0
+    tested: np.ndarray = field(default_factory=lambda: np.zeros(10))
+    passed: np.ndarray = field(default_factory=lambda: np.zeros(10))
+    total: np.ndarray = field(default_factory=lambda: np.zeros(10))  # sum of the tested confidences
+    _offsets: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
+
+    def add(self, confidence: np.ndarray, verified: Sequence[int], accepted: Sequence[int]) -> None:
+        """``confidence`` [R, k] of a round's drafts (calibrated as the scheduler read them); draft j of request r
+        was tested iff j < verified[r] and j <= accepted[r], and survived iff j < accepted[r]."""
+        c = np.asarray(confidence, dtype=np.float64)
+        if c.size == 0:
+            return
+        j = np.arange(c.shape[1])[None, :]
+        v, a = np.asarray(verified)[:, None], np.asarray(accepted)[:, None]
+        tested = (j < v) & (j <= a)
+        if not tested.any():
+            return
+        seen = np.nan_to_num(c[tested], nan=0.0).clip(0.0, 1.0)
+        b = self._bin(seen)
+        self.tested += np.bincount(b, minlength=self.BINS)
+        self.passed += np.bincount(b, weights=(j < a)[tested].astype(np.float64), minlength=self.BINS)
+        self.total += np.bincount(b, weights=seen, minlength=self.BINS)
+        self._offsets = None
+
+    def map(self, confidence: np.ndarray) -> np.ndarray:
+        c = np.nan_to_num(np.asarray(confidence, dtype=np.float64), nan=0.0).clip(0.0, 1.0)
+        if not self.tested.any():
+            return c
+        if self._offsets is None:
+            seen = self.tested > 0
+            n, mean = self.tested[seen], self.total[seen] / self.tested[seen]
+            rate = isotonic((self.passed[seen] + self.WEIGHT * mean) / (n + self.WEIGHT), n + self.WEIGHT)
+            self._offsets = (mean, rate - mean)
+        mean, offset = self._offsets
+        return (c + np.interp(c, mean, offset)).clip(0.0, 1.0)
+
+    def _bin(self, c: np.ndarray) -> np.ndarray:
+        return np.minimum((c * self.BINS).astype(np.int64), self.BINS - 1)
+
+
 # ---- confidence schedulers ----------------------------------------------------------------------------------
 @dataclass(eq=False)
 class _Confident(Scheduler):
     """Shared options: ``profile`` (the cost model), ``calibration`` (STS temperatures), ``layout``, ``costs``
-    (price the drafter's propose and the engine overhead when the profile measured them) and ``adapt`` (correct
-    the profile's prices by what the engine measures as it runs: module docstring)."""
+    (price the drafter's propose and the engine overhead when the profile measured them), ``adapt`` (correct
+    the profile's prices by what the engine measures as it runs) and ``recalibrate`` (correct the confidences by
+    what survived in earlier rounds): module docstring."""
 
     profile: str | Profile | None = None
     calibration: str | None = None
     layout: str = "packed"
     costs: bool = True
     adapt: bool = True
+    recalibrate: bool = True
     reads_confidence: ClassVar[bool] = True
     ADAPT_WINDOW: ClassVar[int] = 15  # the last rounds of a kind whose measured / priced ratios are kept
     _table: Profile | None = field(default=None, init=False, repr=False)
@@ -327,6 +391,8 @@ class _Confident(Scheduler):
     _ratios: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> log(measured / priced)
     _factors: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> exp(median of _ratios)
     _learnt: object = field(default=None, init=False, repr=False)  # the last RoundTiming learnt from
+    _online: OnlineCalibration = field(default_factory=OnlineCalibration, init=False, repr=False)
+    _pending: np.ndarray | None = field(default=None, init=False, repr=False)  # this round's confidences, to learn
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -335,8 +401,16 @@ class _Confident(Scheduler):
         self._temps = _temperatures(self.calibration)
 
     def _calibrated(self, proposal: Proposal) -> np.ndarray:
-        """Calibrated conditional confidences [R, k] (float64)."""
-        return apply_temperatures(proposal.confidence.double().cpu().numpy(), self._temps)
+        """Calibrated conditional confidences [R, k] (float64): the STS temperatures, then (``recalibrate``) the
+        run's own map. Remembers the round's STS-calibrated confidences for :meth:`observe` to learn from."""
+        sts = apply_temperatures(proposal.confidence.double().cpu().numpy(), self._temps)
+        self._pending = sts
+        return self._online.map(sts) if self.recalibrate else sts
+
+    def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.shape[0] == len(verified):
+            self._online.add(pending, verified, accepted)
 
     def _survival(self, proposal: Proposal) -> np.ndarray:
         return survival(self._calibrated(proposal), proposal.lengths.cpu().numpy())
@@ -398,10 +472,17 @@ class _Confident(Scheduler):
         takes its sibling's (plain for multi and back, and likewise for the overhead): the machine that makes a
         one-token forward 1.4x its price makes a wider one dearer too, and correcting only the kind it has seen
         would make the other look cheap (measured, session 15: at R = 32 every vanilla step cost 1.43x its price,
-        so drafts, priced uncorrected, looked worth two rounds of drafting that lost). 1 before any, or without
-        ``adapt``."""
+        so drafts, priced uncorrected, looked worth two rounds of drafting that lost). It takes the sibling's only
+        in the direction that favours not drafting: a multi kind at least 1, a plain kind at most 1. The other way
+        round misled too (session 16: at R = 4 a scheduler that always drafted priced vanilla steps by the 1.1 of
+        its multi-token verifies and the 3.1 of its wider acceptance, 80 ms against the 66 they cost, and kept
+        drafting at a loss). 1 before any, or without ``adapt``."""
         factors = self._factors
-        return factors.get((rows, part)) or factors.get((rows, _SIBLING.get(part, part)), 1.0)
+        own = factors.get((rows, part))
+        if own is not None:
+            return own
+        sibling = factors.get((rows, _SIBLING.get(part, part)), 1.0)
+        return max(sibling, 1.0) if part.endswith("multi") else min(sibling, 1.0) if part.endswith("plain") else sibling
 
     def _learn(self, ctx: DraftContext) -> None:
         """Compare the engine's last round (``ctx.last_round``) with the profile's price of its shape."""
@@ -436,25 +517,45 @@ class HardwareAware(_Confident):
     whole columns instead (module docstring). A request may get 0. Without confidences from the drafter, the
     survival measured on earlier rounds stands in for them.
 
-    ``skip``: before drafting, compare the best Theta the measured survival promises (drafter's cost included)
-    with a vanilla round's R / T; when drafting does not promise ``margin`` (2%) more, the engine skips the
-    drafter this round. The margin keeps it from drafting at break-even, where the prices' noise (a few percent,
-    even corrected by ``adapt``) decides, and a drafted round that loses costs more than a vanilla one that
-    does."""
+    ``skip``: before drafting, compare the best Theta that the run's recent confidences promise (the measured
+    survival for a drafter without them; drafter's cost included) with a vanilla round's R / T; when drafting
+    does not promise ``margin`` (2%) more, the engine skips the drafter this round. The margin keeps it from
+    drafting at break-even, where the prices' noise (a few percent, even corrected by ``adapt``) decides, and a
+    drafted round that loses costs more than a vanilla one that does.
+
+    ``measure`` (on by default): where the model says drafting pays, check it against the tokens per second the
+    run's drafted and vanilla rounds at this R delivered (:meth:`_measured_pays`). The model's two estimates,
+    survival and prices, are each a few percent off, and where drafting is near break-even (on the development
+    CPU, R = 4 and 8) those errors decided: session 16 measured drafted rounds at R = 4 delivering 49-52 tokens/s
+    against the 57-60 of vanilla ones while the model promised the reverse. It spends ``MEASURE_MIN`` vanilla
+    rounds per R to measure them, and one in ``MEASURE_REFRESH`` after, only where the model says draft. Its decisions depend on the machine's
+    timing, like ``adapt``'s; ``measure=false`` decides from the model alone."""
 
     skip: bool = True
     prior: float = 0.5  # the measured survival's prior conditional acceptance per position
     margin: float = 0.02
+    measure: bool = True
+    measure_margin: float = 0.05
+    MEASURE_MIN: ClassVar[int] = 5
+    MEASURE_WINDOW: ClassVar[int] = 30
+    MEASURE_REFRESH: ClassVar[int] = 50  # drafted rounds at an R before one vanilla round re-measures it
+    _since_vanilla: dict = field(default_factory=dict, init=False, repr=False)  # R -> drafted rounds since vanilla
+    _realised: dict = field(default_factory=dict, init=False, repr=False)  # (R, drafted) -> (tokens, seconds)
+    _committed: int | None = field(default=None, init=False, repr=False)  # the last observed round's tokens
+    _counted: object = field(default=None, init=False, repr=False)  # the last RoundTiming filed
     early_stop: ClassVar[bool] = True
     last_plan: bool | None = field(default=None, init=False)
     _counts: AcceptanceCounts = field(default_factory=AcceptanceCounts, init=False, repr=False)
+    RECENT: ClassVar[int] = 64
+    _recent: deque = field(default_factory=lambda: deque(maxlen=HardwareAware.RECENT), init=False, repr=False)
 
     def __post_init__(self):
         super().__post_init__()
         if not 0.0 < self.prior < 1.0:
             raise SchedulerError(f"hardware-aware needs 0 < prior < 1, got {self.prior}")
-        if not 0.0 <= self.margin < 1.0:
-            raise SchedulerError(f"hardware-aware needs 0 <= margin < 1, got {self.margin}")
+        if not 0.0 <= self.margin < 1.0 or not 0.0 <= self.measure_margin < 1.0:
+            raise SchedulerError(f"hardware-aware needs 0 <= margin, measure_margin < 1, got {self.margin}, "
+                                 f"{self.measure_margin}")
 
     def decide(self, proposal: Proposal, ctx: DraftContext) -> torch.Tensor:
         lengths = proposal.lengths.cpu().numpy()
@@ -462,6 +563,7 @@ class HardwareAware(_Confident):
             return proposal.lengths.clone()
         if proposal.confidence is not None:
             surv = self._survival(proposal)
+            self._recent.extend(self._pending[r, : int(n)].copy() for r, n in enumerate(lengths) if n > 0)
         else:
             surv = survival(np.tile(self._counts.conditional(int(lengths.max()), self.prior), (len(lengths), 1)),
                             lengths)
@@ -474,10 +576,11 @@ class HardwareAware(_Confident):
 
     def plan(self, ctx: DraftContext) -> bool:
         self.last_plan = True
+        self._tally(ctx)
         if not self.skip or not ctx.slots:
             return True
         rows, width = len(ctx.slots), ctx.block_size
-        surv = survival(np.tile(self._counts.conditional(width, self.prior), (rows, 1)), np.full(rows, width))
+        surv = self._expected_survival(ctx)
         drafted, vanilla = self._round_seconds(ctx, drafted=True), self._round_seconds(ctx, drafted=False)
         if self.layout == "packed":
             n = int(prefix_lengths(surv, drafted, early_stop=False).sum())
@@ -487,10 +590,57 @@ class HardwareAware(_Confident):
             best = best_column(surv, np.full(rows, width), drafted, early_stop=False)[1]
             plain = rows / float(vanilla(np.asarray(0)))
         self.last_plan = bool(best > plain * (1.0 + self.margin))
+        if self.last_plan and self.measure:
+            self.last_plan = self._measured_pays(rows)
         return self.last_plan
 
+    def _measured_pays(self, rows: int) -> bool:
+        """The model says drafting pays at R = ``rows``; check it against the tokens per second that drafted and
+        vanilla rounds at this R delivered: draft ``MEASURE_MIN`` rounds, then skip as many to measure vanilla
+        rounds, then draft while the drafted rounds' rate (each kind over its last ``MEASURE_WINDOW`` rounds)
+        beats the vanilla rounds' by ``measure_margin`` (5%: a window's rate is noisy by a few percent, and on
+        the development CPU drafting either gained 8-25% or lost), skipping one round in ``MEASURE_REFRESH`` to
+        keep the vanilla rate current."""
+        drafted, vanilla = self._realised.get((rows, True), ()), self._realised.get((rows, False), ())
+        if len(drafted) < self.MEASURE_MIN:
+            return True
+        if len(vanilla) < self.MEASURE_MIN or self._since_vanilla.get(rows, 0) >= self.MEASURE_REFRESH:
+            return False
+        rate = lambda seen: sum(t for t, _ in seen) / sum(s for _, s in seen)  # noqa: E731
+        return rate(drafted) > rate(vanilla) * (1.0 + self.measure_margin)
+
+    def _tally(self, ctx: DraftContext) -> None:
+        """File the last round's committed tokens (from :meth:`observe`) and seconds (``ctx.last_round``) under
+        (R, drafted)."""
+        t = ctx.last_round
+        if t is None or t is self._counted or self._committed is None or not t.rows:
+            return
+        self._counted = t
+        seen = self._realised.setdefault((t.rows, t.drafted), deque(maxlen=self.MEASURE_WINDOW))
+        seen.append((self._committed, t.draft_s + t.verify_s + t.other_s))
+        self._since_vanilla[t.rows] = self._since_vanilla.get(t.rows, 0) + 1 if t.drafted else 0
+        self._committed = None
+
     def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:
+        super().observe(ctx, verified, accepted)
         self._counts.add(verified, accepted)
+        self._committed = sum(int(a) + 1 for a in accepted)
+
+    def _expected_survival(self, ctx: DraftContext) -> np.ndarray:
+        """[R, block] survivals a round drafted now is expected to offer every request: the mean survival of the
+        last ``RECENT`` rows of confidences proposed (any request's), through today's calibration; the measured
+        survival ``h`` before any (or for a drafter that predicts no confidences). Not each request's own last
+        confidences: drafting where the last round was confident selects on a high draw that the next round
+        does not repeat (measured, session 16: at R = 4 the rounds so chosen cost 137 ms for 6.7 tokens, 49
+        tokens/s against the 57 of vanilla steps), and a skipped request's confidences never refresh."""
+        rows, width = len(ctx.slots), ctx.block_size
+        if not self._recent:
+            return survival(np.tile(self._counts.conditional(width, self.prior), (rows, 1)), np.full(rows, width))
+        typical = np.zeros(width)
+        for conf in self._recent:
+            mapped = self._online.map(conf[:width]) if self.recalibrate else conf[:width]
+            typical[: len(mapped)] += np.cumprod(mapped)
+        return np.tile(typical / len(self._recent), (rows, 1))
 
 
 class _Retrospective(HardwareAware):

@@ -45,14 +45,14 @@ CONCURRENCY = 16
 
 def scheduler_for(item: str, sps: dict[int, float]) -> Scheduler:
     """Registered scheduler ``NAME`` or ``NAME[KEY=VALUE,...]``; one that takes a ``profile`` gets the fixed
-    table ``sps`` (no profiling) and, unless ``item`` sets ``adapt``, decides from it alone (``adapt=false``:
-    decisions that do not depend on the machine's timing, so the case's designed paths are the ones sampled;
-    the battery's ``VARIANTS`` check the adaptive path)."""
+    table ``sps`` (no profiling) and, unless ``item`` sets ``adapt`` or ``measure``, decides from it alone
+    (``adapt=false``, ``measure=false``: decisions that do not depend on the machine's timing, so the case's
+    designed paths are the ones sampled; the battery's ``VARIANTS`` check the adaptive path)."""
     name, options = parse_scheduler(item)
     cls = scheduler_class(name)
     fields = {f.name for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else set()
     table = {"profile": table_profile(sps, "battery")} if "profile" in fields else {}
-    pinned = {"adapt": "false"} if "adapt" in fields and "adapt" not in options else {}
+    pinned = {key: "false" for key in ("adapt", "measure") if key in fields and key not in options}
     return create_scheduler(name, **table, **pinned, **options)
 
 
