@@ -4,7 +4,11 @@ Every method runs through :class:`Engine`: vanilla decoding is the drafter that 
 
 1. **draft**: the drafter proposes a block for every active request (tokens and q stay on the device), unless
    the scheduler's ``plan`` says from what is already known that no draft would pay this round: then the
-   drafter is skipped and every request verifies nothing (a vanilla decoding step);
+   drafter is skipped and every request verifies nothing (a vanilla decoding step). Such a step first reclaims
+   every hole the rejected drafts left in the cache: otherwise it attends over up to a block of dead columns per
+   row, and on the development CPU (session 16, R = 4, two small runs) the vanilla steps that followed drafted
+   rounds took a median 67.4 ms against `none`'s 61.5, and 65.3 against 64.8 once reclaimed. The first skipped round pays the copy;
+   the next ones find nothing to move;
 2. **schedule**: the scheduler picks each request's verify length (capped by its remaining token budget);
 3. **verify**: one target forward over ``[current, x_1..x_l]`` for all requests at once;
 4. **accept**: one vectorised acceptance step (:mod:`dspark_bench.verify`) for all R requests decides survivors
@@ -194,6 +198,8 @@ class Session:
         t0 = timer.mark()
         planned = scheduler.plan(ctx)
         proposal = self.drafter.propose(ctx) if planned else Proposal.empty(len(live))  # 1. draft
+        if not planned and self.batch is not None and hasattr(self.target, "compact"):
+            self.target.compact(self.batch, 0)  # a vanilla step attends over no holes (module docstring)
         t1 = timer.mark()
         lengths = self._verify_lengths(proposal)  # 2. schedule
         ts = timer.mark()

@@ -521,28 +521,26 @@ class HardwareAware(_Confident):
     survival for a drafter without them; drafter's cost included) with a vanilla round's R / T; when drafting
     does not promise ``margin`` (2%) more, the engine skips the drafter this round. The margin keeps it from
     drafting at break-even, where the prices' noise (a few percent, even corrected by ``adapt``) decides, and a
-    drafted round that loses costs more than a vanilla one that does.
+    drafted round that loses costs more than a vanilla one that does. With ``adapt`` and an engine that reports its
+    rounds (``ctx.last_round``), the first round at each R is a vanilla step, to measure what drafts must beat: the profile's one-token prices were the furthest off
+    (session 16, R = 4: 0.67-0.79x their price while multi-token verifies were 0.88x, so a vanilla step priced by
+    its sibling's correction looked 20% dearer than it was, and drafts that lost looked worth it).
 
-    ``measure`` (on by default): where the model says drafting pays, check it against the tokens per second the
-    run's drafted and vanilla rounds at this R delivered (:meth:`_measured_pays`). The model's two estimates,
-    survival and prices, are each a few percent off, and where drafting is near break-even (on the development
-    CPU, R = 4 and 8) those errors decided: session 16 measured drafted rounds at R = 4 delivering 49-52 tokens/s
-    against the 57-60 of vanilla ones while the model promised the reverse. It spends ``MEASURE_MIN`` vanilla
-    rounds per R to measure them, and one in ``MEASURE_REFRESH`` after, only where the model says draft. Its decisions depend on the machine's
-    timing, like ``adapt``'s; ``measure=false`` decides from the model alone."""
+    ``measure`` (on by default): scale every survival, in ``plan`` and ``decide``, by :meth:`kappa`, the draft
+    tokens the run's drafted rounds accepted over those their survivals promised. Survivals are products of
+    conditional confidences, and even calibrated one by one their product can promise more than a block
+    delivers; where drafting is near break-even (on the development CPU, R = 4 and 8) a few percent decides.
+    kappa pools every drafted round of the run, at any R, so it is steady after a few rounds; like the
+    recalibration it learns only from earlier rounds (lossless). ``measure=false``: survivals as calibrated."""
 
     skip: bool = True
     prior: float = 0.5  # the measured survival's prior conditional acceptance per position
     margin: float = 0.02
     measure: bool = True
-    measure_margin: float = 0.05
-    MEASURE_MIN: ClassVar[int] = 5
-    MEASURE_WINDOW: ClassVar[int] = 30
-    MEASURE_REFRESH: ClassVar[int] = 50  # drafted rounds at an R before one vanilla round re-measures it
-    _since_vanilla: dict = field(default_factory=dict, init=False, repr=False)  # R -> drafted rounds since vanilla
-    _realised: dict = field(default_factory=dict, init=False, repr=False)  # (R, drafted) -> (tokens, seconds)
-    _committed: int | None = field(default=None, init=False, repr=False)  # the last observed round's tokens
-    _counted: object = field(default=None, init=False, repr=False)  # the last RoundTiming filed
+    PROMISE_PRIOR: ClassVar[float] = 10.0
+    _promised: np.ndarray | None = field(default=None, init=False, repr=False)  # this round's survivals [R, k]
+    _promise_total: float = field(default=0.0, init=False, repr=False)
+    _accepted_total: float = field(default=0.0, init=False, repr=False)
     early_stop: ClassVar[bool] = True
     last_plan: bool | None = field(default=None, init=False)
     _counts: AcceptanceCounts = field(default_factory=AcceptanceCounts, init=False, repr=False)
@@ -553,9 +551,8 @@ class HardwareAware(_Confident):
         super().__post_init__()
         if not 0.0 < self.prior < 1.0:
             raise SchedulerError(f"hardware-aware needs 0 < prior < 1, got {self.prior}")
-        if not 0.0 <= self.margin < 1.0 or not 0.0 <= self.measure_margin < 1.0:
-            raise SchedulerError(f"hardware-aware needs 0 <= margin, measure_margin < 1, got {self.margin}, "
-                                 f"{self.measure_margin}")
+        if not 0.0 <= self.margin < 1.0:
+            raise SchedulerError(f"hardware-aware needs 0 <= margin < 1, got {self.margin}")
 
     def decide(self, proposal: Proposal, ctx: DraftContext) -> torch.Tensor:
         lengths = proposal.lengths.cpu().numpy()
@@ -567,6 +564,8 @@ class HardwareAware(_Confident):
         else:
             surv = survival(np.tile(self._counts.conditional(int(lengths.max()), self.prior), (len(lengths), 1)),
                             lengths)
+        self._promised = surv
+        surv = (surv * self.kappa()).clip(0.0, 1.0)
         seconds = self._round_seconds(ctx, drafted=True)
         if self.layout == "packed":
             out = prefix_lengths(surv, seconds, self.early_stop)
@@ -576,11 +575,14 @@ class HardwareAware(_Confident):
 
     def plan(self, ctx: DraftContext) -> bool:
         self.last_plan = True
-        self._tally(ctx)
         if not self.skip or not ctx.slots:
             return True
         rows, width = len(ctx.slots), ctx.block_size
-        surv = self._expected_survival(ctx)
+        self._learn(ctx)
+        if self.adapt and ctx.last_round is not None and (rows, "plain") not in self._factors:
+            self.last_plan = False  # measure a vanilla step at this R before weighing drafts against it
+            return False
+        surv = (self._expected_survival(ctx) * self.kappa()).clip(0.0, 1.0)
         drafted, vanilla = self._round_seconds(ctx, drafted=True), self._round_seconds(ctx, drafted=False)
         if self.layout == "packed":
             n = int(prefix_lengths(surv, drafted, early_stop=False).sum())
@@ -590,41 +592,23 @@ class HardwareAware(_Confident):
             best = best_column(surv, np.full(rows, width), drafted, early_stop=False)[1]
             plain = rows / float(vanilla(np.asarray(0)))
         self.last_plan = bool(best > plain * (1.0 + self.margin))
-        if self.last_plan and self.measure:
-            self.last_plan = self._measured_pays(rows)
         return self.last_plan
-
-    def _measured_pays(self, rows: int) -> bool:
-        """The model says drafting pays at R = ``rows``; check it against the tokens per second that drafted and
-        vanilla rounds at this R delivered: draft ``MEASURE_MIN`` rounds, then skip as many to measure vanilla
-        rounds, then draft while the drafted rounds' rate (each kind over its last ``MEASURE_WINDOW`` rounds)
-        beats the vanilla rounds' by ``measure_margin`` (5%: a window's rate is noisy by a few percent, and on
-        the development CPU drafting either gained 8-25% or lost), skipping one round in ``MEASURE_REFRESH`` to
-        keep the vanilla rate current."""
-        drafted, vanilla = self._realised.get((rows, True), ()), self._realised.get((rows, False), ())
-        if len(drafted) < self.MEASURE_MIN:
-            return True
-        if len(vanilla) < self.MEASURE_MIN or self._since_vanilla.get(rows, 0) >= self.MEASURE_REFRESH:
-            return False
-        rate = lambda seen: sum(t for t, _ in seen) / sum(s for _, s in seen)  # noqa: E731
-        return rate(drafted) > rate(vanilla) * (1.0 + self.measure_margin)
-
-    def _tally(self, ctx: DraftContext) -> None:
-        """File the last round's committed tokens (from :meth:`observe`) and seconds (``ctx.last_round``) under
-        (R, drafted)."""
-        t = ctx.last_round
-        if t is None or t is self._counted or self._committed is None or not t.rows:
-            return
-        self._counted = t
-        seen = self._realised.setdefault((t.rows, t.drafted), deque(maxlen=self.MEASURE_WINDOW))
-        seen.append((self._committed, t.draft_s + t.verify_s + t.other_s))
-        self._since_vanilla[t.rows] = self._since_vanilla.get(t.rows, 0) + 1 if t.drafted else 0
-        self._committed = None
 
     def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:
         super().observe(ctx, verified, accepted)
         self._counts.add(verified, accepted)
-        self._committed = sum(int(a) + 1 for a in accepted)
+        promised, self._promised = self._promised, None
+        if promised is not None and promised.shape[0] == len(verified):
+            held = np.arange(promised.shape[1])[None, :] < np.asarray(verified)[:, None]  # as the engine capped it
+            self._promise_total += float(promised[held].sum())
+            self._accepted_total += float(sum(accepted))
+
+    def kappa(self) -> float:
+        """Draft tokens accepted / draft tokens the survivals promised, over the run's drafted rounds (a prior of
+        ``PROMISE_PRIOR`` tokens at 1); 1 without ``measure``."""
+        if not self.measure:
+            return 1.0
+        return (self._accepted_total + self.PROMISE_PRIOR) / (self._promise_total + self.PROMISE_PRIOR)
 
     def _expected_survival(self, ctx: DraftContext) -> np.ndarray:
         """[R, block] survivals a round drafted now is expected to offer every request: the mean survival of the
@@ -636,11 +620,11 @@ class HardwareAware(_Confident):
         rows, width = len(ctx.slots), ctx.block_size
         if not self._recent:
             return survival(np.tile(self._counts.conditional(width, self.prior), (rows, 1)), np.full(rows, width))
-        typical = np.zeros(width)
-        for conf in self._recent:
-            mapped = self._online.map(conf[:width]) if self.recalibrate else conf[:width]
-            typical[: len(mapped)] += np.cumprod(mapped)
-        return np.tile(typical / len(self._recent), (rows, 1))
+        conf, held = np.zeros((len(self._recent), width)), np.zeros((len(self._recent), width), dtype=bool)
+        for i, row in enumerate(self._recent):
+            conf[i, : len(row[:width])], held[i, : len(row[:width])] = row[:width], True
+        mapped = np.where(held, self._online.map(conf) if self.recalibrate else conf, 0.0)
+        return np.tile(np.cumprod(mapped, axis=1).mean(0), (rows, 1))
 
 
 class _Retrospective(HardwareAware):

@@ -235,7 +235,7 @@ def test_greedy_output_is_the_same_under_every_scheduler(tiny):
     for sched in _all_schedulers(profile):  # greedy cannot tell: even the retrospective search agrees
         out = _engine_outputs(tiny, drafter, sched, 0.0)
         assert {i: r.output_ids for i, r in out.items()} == {i: r.output_ids for i, r in reference.items()}
-    pruned = _engine_outputs(tiny, drafter, HardwareAware(profile=profile), 1.0)
+    pruned = _engine_outputs(tiny, drafter, HardwareAware(profile=profile, adapt=False), 1.0)  # table seconds
     rounds = [x for r in pruned.values() for x in r.rounds]
     assert any(x.verified < x.proposed for x in rounds) and all(x.confidence is not None for x in rounds if x.proposed)
 
@@ -307,8 +307,8 @@ def test_simulation_projects_to_high_concurrency():
     profile = table_profile({1: 10.0, 256: 9.0, 1024: 6.0, 2048: 2.0})  # memory-bound, then compute-bound
     fixed = simulate(traces, SimSpec("fixed", 1), FLAT)
     assert fixed["tau"] == pytest.approx(1 + np.mean([np.mean(t.accepted) for t in traces]), rel=0.1)
-    # every candidate pays at a flat cost (measure=false: the measured check would spend 5 rounds on vanilla steps)
-    flat = simulate(traces, SimSpec("hardware-aware", 1, {"measure": False}), FLAT)
+    # every candidate pays at a flat cost (adapt=false: adapt would spend its first round on a vanilla step)
+    flat = simulate(traces, SimSpec("hardware-aware", 1, {"adapt": False}), FLAT)
     assert flat["mean_verify_budget"] == fixed["mean_verify_budget"]
     rows = project(traces, profile, [("fixed", {}), ("hardware-aware", {})], (1, 16, 256))
     assert [r["concurrency"] for r in rows] == [1, 1, 16, 16, 256, 256] and all(r["simulated"] for r in rows)

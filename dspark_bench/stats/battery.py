@@ -89,8 +89,8 @@ PLANS = MappingProxyType({
 # round; with an optimistic prior it drafts until the acceptance it measures says otherwise, then skips, so a
 # run holds both kinds of rounds (tests/test_cost_model.py checks that it does). The battery's schedulers decide
 # from its fixed table alone (checks.scheduler_for pins adapt=false and measure=false); the adapt=true,measure=true
-# variant prices rounds by the engine's measured seconds against that table and checks its drafting against the
-# rounds' measured tokens per second, so its decisions follow the machine's timing.
+# variant prices rounds by the engine's measured seconds against that table (its decisions follow the machine's
+# timing) and scales its survivals by the acceptance it measured against them.
 VARIANTS = ("hardware-aware[skip=false]", "hardware-aware[prior=0.8]",
             "hardware-aware[prior=0.8,adapt=true,measure=true]")
 MAX_WAVES = 1000  # a safety stop for a target that ends every request at once
