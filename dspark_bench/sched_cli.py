@@ -288,7 +288,8 @@ def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_
 @click.option("--scheduler-opt", multiple=True, help="Scheduler option SCHEDULER.KEY=VALUE (repeatable).")
 @click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", show_default=True)
 @click.option("--layout", default="padded", show_default=True, type=click.Choice(["padded", "packed"]))
-@click.option("--sweep", "sweep_dirs", default=None, help="Comma list of measured sweep folders to validate against.")
+@click.option("--sweep", "sweep_dirs", default=None, help="Comma list of measured sweep folders to validate against; their `none` cells also "
+              "price a vanilla step's own time (scheduling, acceptance, commit).")
 @click.option("--block-size", default=7, show_default=True, type=int)
 @click.option("--calibrate-clock/--no-calibrate-clock", default=True, show_default=True,
               help="Scale the profile's step times by the records' median measured/profiled verify time.")
@@ -320,7 +321,10 @@ def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler
         table = dataclasses.replace(table, verify=None)
     elif table.verify is None:
         console.print(f"[yellow]{profile_path} has no verify grid: verifies are priced as 1 / SPS(R w)[/]")
-    overhead, scale = sim.fit_overhead(records), sim.clock_scale(records, table, layout) if calibrate_clock else 1.0
+    vanilla = [r for d in _names(sweep_dirs or "") for c in sorted((Path(d) / "cells").glob("none__*"))
+               for r in sim.read_cell(c)]  # the sweeps' `none` cells price the vanilla steps' own time
+    overhead = sim.fit_overhead(records, vanilla)
+    scale = sim.clock_scale(records, table, layout) if calibrate_clock else 1.0
     cells = [(name, {**opts.get(name, {}), **inline}) for name, inline in map(parse_scheduler,
                                                                                split_schedulers(scheduler_list))]
     rows = sim.project(sim.traces_from_records(records), table, cells, _ints(concurrency), layout, overhead,

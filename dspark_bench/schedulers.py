@@ -42,8 +42,8 @@ Terms used by the confidence schedulers (paper section 3.2, reference section 4)
 * **calibration**: ``c_k <- sigmoid(logit(c_k) / T_k)`` with STS temperatures from a ``calibration.json``
   (:mod:`dspark_bench.calibration`), applied before anything else reads the confidences.
 * **recalibrate** (on by default): the temperatures were fitted offline on other prompts, and on the suites a
-  drafter can be overconfident (measured, session 16: the shipped DSpark's calibrated 0.45 survived 0.28-0.35 of
-  the time at concurrency 4, 0.65 about 0.5). :class:`OnlineCalibration` bins the calibrated confidences of the
+  drafter can be overconfident (session 15's sweep at concurrency 4, read in session 16: the shipped DSpark's
+  calibrated 0.45 survived 0.28-0.35 of the time, 0.65 about 0.5). :class:`OnlineCalibration` bins the calibrated confidences of the
   draft tokens the run verified (each tested only if its predecessors survived) against whether they survived,
   and maps later confidences through the binned rates (a prior of weight ``OnlineCalibration.WEIGHT`` at the
   identity). Binning on c itself keeps the rates unbiased although the scheduler verifies the confident tokens
@@ -188,6 +188,11 @@ class Fixed(Scheduler):
         if self.length is None:
             return proposal.lengths.clone()
         return proposal.lengths.clamp(max=self.length)
+
+
+def _to8(context: float) -> float:
+    """A context rounded to 8 tokens: the key of the memoised prices."""
+    return 8.0 * round(context / 8.0)
 
 
 def threshold_lengths(confidence: torch.Tensor, lengths: torch.Tensor, theta: float) -> torch.Tensor:
@@ -426,13 +431,8 @@ class _Confident(Scheduler):
             self._table = measure_profile(ctx.target, (1, 2, 4, 8, 16, 32, 64, 128), (256,), repeats=3)
         self._learn(ctx)
         rows = len(ctx.slots)
-        context = 8.0 * round(float(np.mean([s.position for s in ctx.slots])) / 8.0) if ctx.slots else None
-        key = (rows, context, drafted, ctx.drafter, ctx.block_size)
-        if key not in self._memo:
-            if len(self._memo) > 4096:
-                self._memo.clear()
-            self._memo[key] = self._shapes(rows, context, drafted, ctx.drafter, ctx.block_size)
-        verify, draft, overhead = self._memo[key]
+        context = _to8(float(np.mean([s.position for s in ctx.slots]))) if ctx.slots else None
+        verify, draft, overhead = self._prices(rows, context, drafted, ctx.drafter, ctx.block_size)
         draft *= self.correction(rows, "draft")
         plain_at = rows if self.layout == "packed" else 0  # the shape that verifies no draft token
         plain, multi = self.correction(rows, "plain"), self.correction(rows, "multi")
@@ -448,6 +448,16 @@ class _Confident(Scheduler):
             return draft + np.where(few, rest_plain, rest_multi) + v * np.where(few, plain, multi)
 
         return seconds
+
+    def _prices(self, rows: int, context: float | None, drafted: bool, drafter: str,
+                block: int) -> tuple[np.ndarray, float, float]:
+        """:meth:`_shapes`, memoised (the profile's interpolation is the slow part of a plan)."""
+        key = (rows, context, drafted, drafter, block)
+        if key not in self._memo:
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            self._memo[key] = self._shapes(rows, context, drafted, drafter, block)
+        return self._memo[key]
 
     def _shapes(self, rows: int, context: float | None, drafted: bool, drafter: str,
                 block: int) -> tuple[np.ndarray, float, float]:
@@ -490,18 +500,15 @@ class _Confident(Scheduler):
         if not self.adapt or t is None or t is self._learnt or not t.rows:
             return
         self._learnt = t
-        table = self._table
-        if self.layout == "packed":
-            priced = 1.0 / float(table.sps(sum(t.tokens), t.context))
-        else:
-            priced = float(table.verify_seconds(t.rows, max(t.tokens), t.context))
+        shape = sum(t.tokens) if self.layout == "packed" else max(t.tokens) - 1  # the index _shapes prices it at
+        verify, propose, overhead = self._prices(t.rows, _to8(t.context), True, ctx.drafter,
+                                                 max(ctx.block_size, max(t.tokens) - 1))
         kind = "plain" if max(t.tokens) == 1 else "multi"
-        parts = [(kind, t.verify_s, priced)]
+        parts = [(kind, t.verify_s, float(verify[shape]))]
         if self.costs:
-            propose = table.draft_seconds(ctx.drafter, t.rows) if t.drafted else None
-            if propose is not None:
-                parts.append(("draft", t.draft_s, float(propose)))
-            parts.append((f"other/{kind}", t.other_s, float(table.overhead_seconds(t.rows))))
+            if t.drafted:
+                parts.append(("draft", t.draft_s, propose))  # 0 (not learnt) where the profile has no propose
+            parts.append((f"other/{kind}", t.other_s, overhead))
         for part, measured, price in parts:
             if measured > 0 and price > 0:  # the median is taken here, once a round, not at every price asked
                 seen = self._ratios.setdefault((t.rows, part), deque(maxlen=self.ADAPT_WINDOW))
@@ -521,10 +528,15 @@ class HardwareAware(_Confident):
     survival for a drafter without them; drafter's cost included) with a vanilla round's R / T; when drafting
     does not promise ``margin`` (2%) more, the engine skips the drafter this round. The margin keeps it from
     drafting at break-even, where the prices' noise (a few percent, even corrected by ``adapt``) decides, and a
-    drafted round that loses costs more than a vanilla one that does. With ``adapt`` and an engine that reports its
-    rounds (``ctx.last_round``), the first round at each R is a vanilla step, to measure what drafts must beat: the profile's one-token prices were the furthest off
-    (session 16, R = 4: 0.67-0.79x their price while multi-token verifies were 0.88x, so a vanilla step priced by
-    its sibling's correction looked 20% dearer than it was, and drafts that lost looked worth it).
+    drafted round that loses costs more than a vanilla one that does. With ``adapt`` and an engine that reports
+    its rounds (``ctx.last_round``), the first round at each R is a vanilla step, to measure what drafts must
+    beat: the profile's one-token prices were the furthest off (session 16, R = 4: 0.67-0.79x their price while
+    multi-token verifies were 0.88x, so a vanilla step priced by its sibling's correction looked 20% dearer than
+    it was, and drafts that lost looked worth it). And after ``RETRY_AFTER`` skipped rounds in a row at an R
+    where the model puts drafting within ``RETRY_WITHIN`` of a vanilla step, it drafts one round: while it skips,
+    the corrections of drafted rounds stop learning, so one slow stretch of the machine could stop drafting for
+    good (session 16's sweep, R = 1, where drafting paid 18%: runs of 54 and 560 vanilla steps began after drafted
+    rounds had run 20-40% slower than usual for a while).
 
     ``measure`` (on by default): scale every survival, in ``plan`` and ``decide``, by :meth:`kappa`, the draft
     tokens the run's drafted rounds accepted over those their survivals promised. Survivals are products of
@@ -545,6 +557,9 @@ class HardwareAware(_Confident):
     last_plan: bool | None = field(default=None, init=False)
     _counts: AcceptanceCounts = field(default_factory=AcceptanceCounts, init=False, repr=False)
     RECENT: ClassVar[int] = 64
+    RETRY_AFTER: ClassVar[int] = 20  # skipped rounds at an R before a drafted one re-measures (adapt) ...
+    RETRY_WITHIN: ClassVar[float] = 0.10  # ... if the model puts drafting within 10% of a vanilla step
+    _skipped: dict = field(default_factory=dict, init=False, repr=False)  # R -> rounds skipped in a row
     _recent: deque = field(default_factory=lambda: deque(maxlen=HardwareAware.RECENT), init=False, repr=False)
 
     def __post_init__(self):
@@ -592,6 +607,12 @@ class HardwareAware(_Confident):
             best = best_column(surv, np.full(rows, width), drafted, early_stop=False)[1]
             plain = rows / float(vanilla(np.asarray(0)))
         self.last_plan = bool(best > plain * (1.0 + self.margin))
+        if not self.last_plan and self.adapt:
+            skipped = self._skipped[rows] = self._skipped.get(rows, 0) + 1
+            if skipped >= self.RETRY_AFTER and best > plain * (1.0 - self.RETRY_WITHIN):
+                self.last_plan = True  # re-measure drafted rounds: their corrections stop learning while skipped
+        if self.last_plan:
+            self._skipped[rows] = 0
         return self.last_plan
 
     def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:

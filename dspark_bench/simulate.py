@@ -78,25 +78,38 @@ def traces_from_records(records: Sequence[RequestRecord]) -> list[Trace]:
 @dataclass(frozen=True)
 class RoundFit:
     """Per-round seconds outside the target's forward, as lines ``a + b R``: ``draft`` (the drafter's propose,
-    paid only when it runs) and ``other`` (scheduling, acceptance, commit)."""
+    paid only when it runs), ``other`` (scheduling, acceptance, commit) and ``plain``, ``other`` for a round that
+    verifies no draft token (``other`` where none was measured)."""
 
     draft: tuple[float, float] = (0.0, 0.0)
     other: tuple[float, float] = (0.0, 0.0)
+    plain: tuple[float, float] | None = None
 
-    def seconds(self, rows: int, drafted: bool) -> float:
-        (da, db), (oa, ob) = self.draft, self.other
+    def seconds(self, rows: int, drafted: bool, width: int = 1) -> float:
+        """A round of ``rows`` requests verifying up to ``width`` draft tokens each."""
+        (da, db), (oa, ob) = self.draft, (self.plain if width == 0 and self.plain is not None else self.other)
         return oa + ob * rows + ((da + db * rows) if drafted else 0.0)
 
 
-def fit_overhead(records: Sequence[RequestRecord]) -> RoundFit:
-    """Least-squares lines of the recorded ``draft_s`` and ``other_s`` per round against the batch size."""
-    xs, draft, other = [], [], []
-    for rec in records:
-        for t, b in zip(rec.timings, rec.batch or (1,) * len(rec.timings), strict=True):
-            xs.append(b)
-            draft.append(t[0])
-            other.append(t[2])
-    return RoundFit(_line(xs, draft), _line(xs, other))
+def fit_overhead(records: Sequence[RequestRecord], plain: Sequence[RequestRecord] = ()) -> RoundFit:
+    """Least-squares lines of the recorded ``draft_s`` and ``other_s`` per round against the batch size R: ``other``
+    over the rounds of ``records`` that verified a draft token, ``plain`` over the rounds, of ``records`` and of
+    ``plain`` (a ``none`` cell's, say), that verified none. A round's records share its timing row exactly, which
+    joins them into the round. (Before session 16 one line priced every round: fitted on ``fixed`` (7) rounds, it
+    priced a vanilla step's acceptance as a 7-draft one's, and the simulation ran `hardware-aware` 8-14% slow at
+    R = 16-32, where it never drafted.)"""
+    rounds: dict[tuple, list] = {}
+    for source, rec in [(0, r) for r in records] + [(1, r) for r in plain]:
+        for t, b, stats in zip(rec.timings, rec.batch or (1,) * len(rec.timings), rec.rounds, strict=True):
+            entry = rounds.setdefault((source, *t), [b, 0, t[0], t[2], source])
+            entry[1] = max(entry[1], stats[1])
+    drafted = [e for e in rounds.values() if e[1] > 0 and e[4] == 0]
+    vanilla = [e for e in rounds.values() if e[1] == 0]
+    fit = RoundFit(_line([e[0] for e in rounds.values() if e[4] == 0], [e[2] for e in rounds.values() if e[4] == 0]),
+                   _line([e[0] for e in drafted], [e[3] for e in drafted]))
+    if not drafted:  # a none cell's own records: every round is plain
+        return dataclasses.replace(fit, other=_line([e[0] for e in vanilla], [e[3] for e in vanilla]))
+    return dataclasses.replace(fit, plain=_line([e[0] for e in vanilla], [e[3] for e in vanilla]) if vanilla else None)
 
 
 def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
@@ -188,7 +201,7 @@ def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhea
         verify = 1.0 / float(profile.sps(rows + sum(ver), context))
     draft_s = overhead.seconds(rows, True) - overhead.seconds(rows, False) if drafted else 0.0
     timing = RoundTiming((last.index if last else 0) + 1, rows, tuple(1 + v for v in ver), context, drafted,
-                         draft_s, spec.clock_scale * verify, overhead.seconds(rows, False))
+                         draft_s, spec.clock_scale * verify, overhead.seconds(rows, False, max(ver, default=0)))
     seconds = draft_s + timing.other_s + timing.verify_s
     # 3. accept and commit (a skipped round keeps its recorded round for the next time the drafter runs)
     acc = [min(item.trace.accepted[i], v) for item, i, v in zip(live, idx, ver, strict=True)]
@@ -292,9 +305,11 @@ def validate(sweep_dir: str | Path, profile: Profile, layout: str = "padded", bl
         if base is None:
             continue
         records = read_cell(sweep_dir / base["folder"])
-        sim = _replay(row, records, profile, layout, block_size, decisions)
+        vanilla = next((read_cell(sweep_dir / b["folder"]) for b in rows if b["drafter"] == "none"
+                        and b["concurrency"] == row["concurrency"] and base["drafter"] != "none"), ())
+        sim = _replay(row, records, profile, layout, block_size, decisions, vanilla)
         ratio = {"measured": _ratio(row, base),
-                 "simulated": _ratio(sim, _replay(base, records, profile, layout, block_size, decisions))}
+                 "simulated": _ratio(sim, _replay(base, records, profile, layout, block_size, decisions, vanilla))}
         errors = {k: _rel(sim[k], row[k]) for k in _COMPARED}
         out.append({"drafter": row["drafter"], "label": row["label"], "concurrency": row["concurrency"],
                     "replays_itself": base is row, "clock_scale": sim["clock_scale"], "measured": {k: row[k] for k in _COMPARED},
@@ -304,11 +319,12 @@ def validate(sweep_dir: str | Path, profile: Profile, layout: str = "padded", bl
 
 
 def _replay(cell: dict, records: Sequence[RequestRecord], profile: Profile, layout: str, block_size: int,
-            decisions: Profile | None) -> dict:
-    """A sweep cell replayed from ``records`` (the fixed cell): their traces, overhead fit and clock scale."""
+            decisions: Profile | None, vanilla: Sequence[RequestRecord] = ()) -> dict:
+    """A sweep cell replayed from ``records`` (the fixed cell): their traces, overhead fit (vanilla steps' from
+    ``vanilla``, the level's `none` cell, where there is one) and clock scale."""
     spec = SimSpec(cell["scheduler"], cell["concurrency"], dict(cell["options"]), layout, block_size,
                    clock_scale(records, profile, layout), decisions, drafter=cell["drafter"])
-    return simulate(traces_from_records(records), spec, profile, fit_overhead(records))
+    return simulate(traces_from_records(records), spec, profile, fit_overhead(records, vanilla))
 
 
 def _ratio(row: dict, base: dict) -> float | None:

@@ -25,7 +25,7 @@ from dspark_bench.profile import (
     save_profile,
     table_profile,
 )
-from dspark_bench.schedulers import AcceptanceCounts, HardwareAware, create_scheduler
+from dspark_bench.schedulers import AcceptanceCounts, HardwareAware, Scheduler, create_scheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -320,6 +320,11 @@ def test_sched_bar_script_reads_the_bar_off_a_committed_sweep(capsys):
     assert ratio[0] == pytest.approx(1.004, abs=5e-4) and ratio[-1] == pytest.approx(0.602, abs=5e-4)
     assert rows[-1]["best"] == rows[-1]["tps"]["none"]  # at R = 32 not speculating is best
     assert script.main([str(folder)]) == 0 and "| 32 |" in capsys.readouterr().out
+    # per repeat, on session 16's two-repeat sweep (its README's table: 1.025 and 0.865 at R = 1)
+    repeats = script.repeat_ratios(root / "baselines" / "scheduling-smollm2" / "session16" / "sweep", "dspark")
+    ha = "hardware-aware[layout=padded]"
+    assert repeats[(1, 0)][ha] == pytest.approx(1.025, abs=5e-4) and repeats[(1, 1)][ha] == pytest.approx(0.865, abs=5e-4)
+    assert sorted({r for r, _ in repeats}) == [1, 2, 4, 8, 16, 32] and {k for _, k in repeats} == {0, 1}
 
 
 # ---- adapt: prices corrected by what the engine measures ------------------------------------------------------------
@@ -404,8 +409,121 @@ def test_the_simulation_reports_its_rounds_so_an_adapting_scheduler_learns_its_c
 
     traces = [Trace((4,) * 20, (4,) * 20, ((0.9,) * 4,) * 20, 100, 10) for _ in range(4)]
     fit = RoundFit(draft=(30.0, 0.0), other=(0.0, 0.0))
-    options = {"layout": "padded", "measure": False}  # measure=false: adapt alone must find the clock
-    rows = {adapt: simulate(traces, SimSpec("hardware-aware", 2, {**options, "adapt": adapt}, "padded", 4, drafter="d"),
-                            _costed(0.3), fit) for adapt in (True, False)}
+    rows = {adapt: simulate(traces, SimSpec("hardware-aware", 2, {"layout": "padded", "adapt": adapt}, "padded", 4,
+                                            drafter="d"), _costed(0.3), fit) for adapt in (True, False)}
     assert rows[True]["aggregate_tokens_per_s"] > 5 * rows[False]["aggregate_tokens_per_s"]
     assert rows[True]["mean_verify_budget"] < 1.1 < rows[False]["mean_verify_budget"]
+
+
+# ---- session 16: what the plan weighs --------------------------------------------------------------------------
+def test_online_calibration_learns_an_overconfident_head_although_only_confident_drafts_are_tested():
+    """Drafts whose confidence c survive with probability c - 0.15, and a scheduler that verifies a draft only
+    when c >= 0.5 (the selection a confident scheduler makes). Binning on c keeps the learnt rates right."""
+    from dspark_bench.schedulers import OnlineCalibration
+
+    cal, rng = OnlineCalibration(), np.random.default_rng(0)
+    assert cal.map(np.array([0.3, 0.7])) == pytest.approx([0.3, 0.7])  # the identity before any evidence
+    for _ in range(400):
+        c = rng.uniform(0.0, 1.0, (8, 1))
+        survived = rng.uniform(size=8) < (c[:, 0] - 0.15).clip(0, 1)
+        verified = (c[:, 0] >= 0.5).astype(int)
+        cal.add(c, verified, (survived & (verified > 0)).astype(int))
+    mapped = cal.map(np.array([0.55, 0.65, 0.75, 0.85, 0.95]))
+    assert mapped == pytest.approx([0.40, 0.50, 0.60, 0.70, 0.80], abs=0.05)
+    assert np.all(np.diff(cal.map(np.linspace(0, 1, 101))) >= 0)  # order kept
+    assert cal.tested[:5].sum() == 0  # nothing below 0.5 was tested, so nothing there was learnt
+
+
+def test_a_correction_borrowed_from_the_sibling_kind_only_ever_favours_not_drafting():
+    sched = HardwareAware(profile=_costed(0.3), layout="padded")
+    sched._factors.update({(2, "multi"): 0.8, (4, "multi"): 1.3, (8, "plain"): 1.4, (16, "plain"): 0.7})
+    assert sched.correction(2, "plain") == 0.8 and sched.correction(4, "plain") == 1.0  # vanilla never dearer
+    assert sched.correction(8, "multi") == 1.4 and sched.correction(16, "multi") == 1.0  # drafts never cheaper
+    assert sched.correction(2, "multi") == 0.8  # a measured kind keeps its own
+
+
+def test_a_vanilla_step_is_measured_first_at_each_concurrency_when_the_engine_reports_rounds():
+    sched = HardwareAware(profile=_costed(0.01), layout="padded")
+    ctx = _ctx(2)
+    assert sched.plan(ctx)  # no round reported yet: the model alone (drafts nearly free)
+    ctx.last_round = _timing(1, 2, 4, verify_s=1.0, draft_s=0.01)
+    assert not sched.plan(ctx)  # R = 2 has no vanilla step measured: take one
+    ctx.last_round = _timing(2, 2, 0, verify_s=1.0)
+    assert sched.plan(ctx)
+    three = _ctx(3)
+    three.last_round = _timing(3, 2, 4, verify_s=1.0)
+    assert not sched.plan(three)  # R = 3: none measured there yet
+    fixed_prices = HardwareAware(profile=_costed(0.01), layout="padded", adapt=False)
+    assert fixed_prices.plan(three)  # adapt=false decides from the profile alone
+
+
+def test_kappa_scales_the_survivals_by_what_drafted_rounds_delivered():
+    """Confidences promise 0.9 per position (3.1 tokens a request over 4 drafts); the rounds accept none. kappa
+    falls and the plan stops drafting where the raw confidences said it pays (a propose costs 30% of a step);
+    without measure it keeps drafting."""
+    runs = {}
+    for measure in (True, False):
+        sched = HardwareAware(profile=_costed(0.3), layout="padded", adapt=False, recalibrate=False,
+                              measure=measure)
+        ctx, drafted = _ctx(2), 0
+        for _ in range(40):
+            if sched.plan(ctx):
+                drafted += 1
+                lengths = sched.decide(Proposal(torch.zeros(2, 4, dtype=torch.long), torch.full((2,), 4), None,
+                                                torch.full((2, 4), 0.9)), ctx)
+                sched.observe(ctx, lengths.tolist(), [0, 0])
+        runs[measure] = (sched.kappa(), drafted)
+    assert runs[True][0] < 0.11 and runs[False][0] == 1.0
+    assert 10 < runs[True][1] < 20 and runs[False][1] == 40
+
+
+def test_a_vanilla_step_reclaims_the_dead_columns_that_rejected_drafts_left(tiny):
+    """Greedy decoding. Round 1 drafts the target's own continuation for the shortest request (all accepted) and a
+    rejected token for the others, so the cache ends columns beyond its longest row; round 2 skips the drafter and
+    must attend over no dead column."""
+
+    class DraftOnce(Scheduler):
+        def __init__(self):
+            self.planned = 0
+
+        def decide(self, proposal, ctx):
+            return proposal.lengths.clone()
+
+        def plan(self, ctx):
+            self.planned += 1
+            return self.planned == 1
+
+    class RightForTheShortest(_Counting):
+        def propose(self, ctx):
+            out = super().propose(ctx)
+            r = min(range(len(ctx.slots)), key=lambda i: len(ctx.slots[i].tokens))
+            tokens = list(ctx.slots[r].tokens)
+            for j in range(ctx.block_size):
+                tokens.append(int(tiny.model(torch.tensor([tokens])).logits[0, -1].argmax()))
+                out.tokens[r, j] = tokens[-1]
+            return out
+
+    reqs = [Request(i, tuple(p), 70 + i) for i, p in enumerate(random_prompts(3, seed=4))]
+    drafter = RightForTheShortest(RightForTheShortest.Config(), tiny)
+    session = Engine(tiny, drafter, EngineConfig(16, 0.0, 4, 3), DraftOnce()).session(reqs, [].append)
+    session.step()  # admission and the drafted round
+    dead = session.batch.columns - max(session.batch.lens)
+    session.step()  # the vanilla step
+    assert dead > 0 and session.batch.columns == max(session.batch.lens)
+
+
+def test_the_simulation_prices_a_vanilla_steps_own_time_apart_from_a_drafted_rounds():
+    """On session 16's committed sweep at R = 8: acceptance over a 7-draft block costs more than a vanilla step's;
+    the fit from the fixed cell plus the `none` cell gives each kind its own line."""
+    from pathlib import Path
+
+    from dspark_bench.simulate import fit_overhead
+    from dspark_bench.sweep import read_cell
+
+    cells = Path(__file__).resolve().parents[1] / "baselines" / "scheduling-smollm2" / "session16" / "sweep" / "cells"
+    fixed, none = read_cell(cells / "dspark__fixed__c8"), read_cell(cells / "none__fixed__c8")
+    fit = fit_overhead(fixed, none)
+    vanilla_other = np.mean([t[2] for r in none for t, b in zip(r.timings, r.batch, strict=True) if b == 8])
+    assert fit.seconds(8, False, width=0) == pytest.approx(vanilla_other, rel=0.1)
+    assert fit.seconds(8, False, width=7) > 1.5 * fit.seconds(8, False, width=0)
+    assert fit_overhead(none).plain is None  # a none cell alone: its one kind of round is `other`
