@@ -9,7 +9,7 @@ Every method runs through :class:`Engine`: vanilla decoding is the drafter that 
    did; ``compact`` otherwise tolerates a block of them), so it attends over what `none` would. The first
    skipped round pays the copy; the next ones find nothing to move. (On the development CPU, session 16, R = 4,
    one small A/B run each: vanilla steps after drafted rounds took a median 67.4 ms against `none`'s 61.5
-   without it and 65.3 against 64.8 with it; in the full sweep after it, 0.2-0.4% apart at R = 1, 8 and 16.)
+   without it and 65.3 against 64.8 with it; in the full sweep after it, medians 0.1-0.4% apart at R = 1, 8 and 16.)
 2. **schedule**: the scheduler picks each request's verify length (capped by its remaining token budget);
 3. **verify**: one target forward over ``[current, x_1..x_l]`` for all requests at once;
 4. **accept**: one vectorised acceptance step (:mod:`dspark_bench.verify`) for all R requests decides survivors

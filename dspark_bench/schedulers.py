@@ -593,12 +593,12 @@ class HardwareAware(_Confident):
         if not self.skip or not ctx.slots:
             return True
         rows, width = len(ctx.slots), ctx.block_size
-        self._learn(ctx)
+        vanilla = self._round_seconds(ctx, drafted=False)  # first: it learns the last round (and finds a profile)
         if self.adapt and ctx.last_round is not None and (rows, "plain") not in self._factors:
             self.last_plan = False  # measure a vanilla step at this R before weighing drafts against it
             return False
         surv = (self._expected_survival(ctx) * self.kappa()).clip(0.0, 1.0)
-        drafted, vanilla = self._round_seconds(ctx, drafted=True), self._round_seconds(ctx, drafted=False)
+        drafted = self._round_seconds(ctx, drafted=True)
         if self.layout == "packed":
             n = int(prefix_lengths(surv, drafted, early_stop=False).sum())
             best = (rows + np.sort(surv.ravel())[::-1][:n].sum()) / float(drafted(np.asarray(rows + n)))

@@ -527,3 +527,21 @@ def test_the_simulation_prices_a_vanilla_steps_own_time_apart_from_a_drafted_rou
     assert fit.seconds(8, False, width=0) == pytest.approx(vanilla_other, rel=0.1)
     assert fit.seconds(8, False, width=7) > 1.5 * fit.seconds(8, False, width=0)
     assert fit_overhead(none).plain is None  # a none cell alone: its one kind of round is `other`
+
+
+def test_a_scheduler_that_skips_redrafts_now_and_then_only_where_drafting_is_close():
+    """R = 2, a verify 1 s at any width, the prior's 0.94 expected drafts a request: a propose of 1.04 s puts
+    drafting at 0.95 of a vanilla step (close: one drafted round after every 20 skipped), one of 5 s at 0.32
+    (never). Without adapt nothing re-measures, so it never retries."""
+    close = HardwareAware(profile=_costed(1.04), layout="padded")
+    assert [i for i in range(1, 45) if close.plan(_ctx(2))] == [20, 40]
+    far = HardwareAware(profile=_costed(5.0), layout="padded")
+    assert not any(far.plan(_ctx(2)) for _ in range(45))
+    fixed_prices = HardwareAware(profile=_costed(1.04), layout="padded", adapt=False)
+    assert not any(fixed_prices.plan(_ctx(2)) for _ in range(45))
+
+
+def test_hardware_aware_without_a_profile_measures_one_and_decodes(tiny):
+    sched = HardwareAware(layout="padded")
+    out = _run(tiny, _Counting(_Counting.Config(), tiny), sched)
+    assert sched._table is not None and all(len(r.output_ids) == 16 or r.finish == "eos" for r in out.values())
