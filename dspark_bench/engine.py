@@ -199,8 +199,8 @@ class Session:
         t0 = timer.mark()
         planned = scheduler.plan(ctx)
         proposal = self.drafter.propose(ctx) if planned else Proposal.empty(len(live))  # 1. draft
-        if not planned and self.batch is not None and hasattr(self.target, "compact"):
-            self.target.compact(self.batch, 0)  # a vanilla step attends over no holes (module docstring)
+        if not planned:
+            self._compact(slack=0)  # a vanilla step attends over no dead column (module docstring)
         t1 = timer.mark()
         lengths = self._verify_lengths(proposal)  # 2. schedule
         ts = timer.mark()
@@ -297,10 +297,10 @@ class Session:
         elif item.finish is None and len(item.output) >= self.config.max_new_tokens:
             item.finish = "length"
 
-    def _compact(self) -> None:
-        """Keep the cache within the longest live row plus one block (``block_size + 1`` columns)."""
+    def _compact(self, slack: int | None = None) -> None:
+        """Keep the cache within the longest live row plus ``slack`` columns (default one block, ``block_size + 1``)."""
         if self.batch is not None and hasattr(self.target, "compact"):
-            self.target.compact(self.batch, self.config.block_size + 1)
+            self.target.compact(self.batch, self.config.block_size + 1 if slack is None else slack)
 
     # ---- retirement -----------------------------------------------------------------------------------------
     def _retire(self) -> None:

@@ -335,9 +335,9 @@ class OnlineCalibration:
 
     BINS: ClassVar[int] = 10
     WEIGHT: ClassVar[float] = 8.0
-    tested: np.ndarray = field(default_factory=lambda: np.zeros(10))
-    passed: np.ndarray = field(default_factory=lambda: np.zeros(10))
-    total: np.ndarray = field(default_factory=lambda: np.zeros(10))  # sum of the tested confidences
+    tested: np.ndarray = field(default_factory=lambda: np.zeros(OnlineCalibration.BINS))
+    passed: np.ndarray = field(default_factory=lambda: np.zeros(OnlineCalibration.BINS))
+    total: np.ndarray = field(default_factory=lambda: np.zeros(OnlineCalibration.BINS))  # sum of tested confidences
     _offsets: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
 
     def add(self, confidence: np.ndarray, verified: Sequence[int], accepted: Sequence[int]) -> None:
@@ -577,8 +577,7 @@ class HardwareAware(_Confident):
             surv = self._survival(proposal)
             self._recent.extend(self._pending[r, : int(n)].copy() for r, n in enumerate(lengths) if n > 0)
         else:
-            surv = survival(np.tile(self._counts.conditional(int(lengths.max()), self.prior), (len(lengths), 1)),
-                            lengths)
+            surv = self._measured_survival(lengths)
         self._promised = surv
         surv = (surv * self.kappa()).clip(0.0, 1.0)
         seconds = self._round_seconds(ctx, drafted=True)
@@ -631,6 +630,11 @@ class HardwareAware(_Confident):
             return 1.0
         return (self._accepted_total + self.PROMISE_PRIOR) / (self._promise_total + self.PROMISE_PRIOR)
 
+    def _measured_survival(self, lengths: np.ndarray) -> np.ndarray:
+        """[R, max length] survivals from the measured conditional acceptance ``h``, zero beyond each length."""
+        return survival(np.tile(self._counts.conditional(int(lengths.max()), self.prior), (len(lengths), 1)),
+                        lengths)
+
     def _expected_survival(self, ctx: DraftContext) -> np.ndarray:
         """[R, block] survivals a round drafted now is expected to offer every request: the mean survival of the
         last ``RECENT`` rows of confidences proposed (any request's), through today's calibration; the measured
@@ -640,7 +644,7 @@ class HardwareAware(_Confident):
         tokens/s against the 57 of vanilla steps), and a skipped request's confidences never refresh."""
         rows, width = len(ctx.slots), ctx.block_size
         if not self._recent:
-            return survival(np.tile(self._counts.conditional(width, self.prior), (rows, 1)), np.full(rows, width))
+            return self._measured_survival(np.full(rows, width))
         conf, held = np.zeros((len(self._recent), width)), np.zeros((len(self._recent), width), dtype=bool)
         for i, row in enumerate(self._recent):
             conf[i, : len(row[:width])], held[i, : len(row[:width])] = row[:width], True

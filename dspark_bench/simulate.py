@@ -103,10 +103,10 @@ def fit_overhead(records: Sequence[RequestRecord], plain: Sequence[RequestRecord
         for t, b, stats in zip(rec.timings, rec.batch or (1,) * len(rec.timings), rec.rounds, strict=True):
             entry = rounds.setdefault((source, *t), [b, 0, t[0], t[2], source])
             entry[1] = max(entry[1], stats[1])
-    drafted = [e for e in rounds.values() if e[1] > 0 and e[4] == 0]
+    own = [e for e in rounds.values() if e[4] == 0]
+    drafted = [e for e in own if e[1] > 0]
     vanilla = [e for e in rounds.values() if e[1] == 0]
-    fit = RoundFit(_line([e[0] for e in rounds.values() if e[4] == 0], [e[2] for e in rounds.values() if e[4] == 0]),
-                   _line([e[0] for e in drafted], [e[3] for e in drafted]))
+    fit = RoundFit(_line([e[0] for e in own], [e[2] for e in own]), _line([e[0] for e in drafted], [e[3] for e in drafted]))
     if not drafted:  # a none cell's own records: every round is plain
         return dataclasses.replace(fit, other=_line([e[0] for e in vanilla], [e[3] for e in vanilla]))
     return dataclasses.replace(fit, plain=_line([e[0] for e in vanilla], [e[3] for e in vanilla]) if vanilla else None)
@@ -298,14 +298,20 @@ def validate(sweep_dir: str | Path, profile: Profile, layout: str = "padded", bl
     sweep_dir = Path(sweep_dir)
     sweep = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
     rows, decisions = sweep["rows"], load_profile(sweep["profile"]) if sweep.get("profile") else None
-    out = []
+    out, read = [], {}
+
+    def cell(folder: str) -> list[RequestRecord]:  # each cell's records read once, though several rows use them
+        if folder not in read:
+            read[folder] = read_cell(sweep_dir / folder)
+        return read[folder]
+
     for row in rows:
         base = next((b for b in rows if b["label"] == "fixed" and b["drafter"] == row["drafter"]
                      and b["concurrency"] == row["concurrency"]), None)
         if base is None:
             continue
-        records = read_cell(sweep_dir / base["folder"])
-        vanilla = next((read_cell(sweep_dir / b["folder"]) for b in rows if b["drafter"] == "none"
+        records = cell(base["folder"])
+        vanilla = next((cell(b["folder"]) for b in rows if b["drafter"] == "none"
                         and b["concurrency"] == row["concurrency"] and base["drafter"] != "none"), ())
         sim = _replay(row, records, profile, layout, block_size, decisions, vanilla)
         ratio = {"measured": _ratio(row, base),
