@@ -73,6 +73,7 @@ from dspark_bench.profile import Profile, isotonic, load_profile, measure_profil
 _SCHEDULERS: dict[str, type[Scheduler]] = {}  # filled by @register_scheduler at import time only
 LAYOUTS = ("packed", "padded")
 _SIBLING = {"plain": "multi", "multi": "plain", "other/plain": "other/multi", "other/multi": "other/plain"}
+_DRAFTED = ("multi", "draft", "other/multi")  # a drafted round's parts: learnt relative to the vanilla step's
 SecondsFn = Callable[[np.ndarray], np.ndarray]  # verify shape [n] (B tokens, or column width L) -> round seconds [n]
 
 
@@ -393,8 +394,8 @@ class _Confident(Scheduler):
     _table: Profile | None = field(default=None, init=False, repr=False)
     _temps: tuple[float, ...] = field(default=(), init=False, repr=False)
     _memo: dict = field(default_factory=dict, init=False, repr=False)  # see _round_seconds
-    _ratios: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> log(measured / priced)
-    _factors: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> exp(median of _ratios)
+    _ratios: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> log(measured / priced) ...
+    _factors: dict = field(default_factory=dict, init=False, repr=False)  # ... and exp(their median); see correction
     _learnt: object = field(default=None, init=False, repr=False)  # the last RoundTiming learnt from
     _online: OnlineCalibration = field(default_factory=OnlineCalibration, init=False, repr=False)
     _pending: np.ndarray | None = field(default=None, init=False, repr=False)  # this round's confidences, to learn
@@ -478,21 +479,43 @@ class _Confident(Scheduler):
         """measured / priced seconds of ``part`` at R = ``rows``: "plain" (the verify forward of a round that
         verified no draft token), "multi" (one that verified some), "draft" (plan and propose), "other/plain" and
         "other/multi" (the engine's own time in either kind of round, acceptance over a wider block costing
-        more). The median over the last ``ADAPT_WINDOW`` rounds of that kind. A kind not measured yet at this R
-        takes its sibling's (plain for multi and back, and likewise for the overhead): the machine that makes a
-        one-token forward 1.4x its price makes a wider one dearer too, and correcting only the kind it has seen
-        would make the other look cheap (measured, session 15: at R = 32 every vanilla step cost 1.43x its price,
-        so drafts, priced uncorrected, looked worth two rounds of drafting that lost). It takes the sibling's only
-        in the direction that favours not drafting: a multi kind at least 1, a plain kind at most 1. The other way
-        round misled too (session 16: at R = 4 a scheduler that always drafted priced vanilla steps by the 1.1 of
-        its multi-token verifies and the 3.1 of its wider acceptance, 80 ms against the 66 they cost, and kept
-        drafting at a loss). 1 before any, or without ``adapt``."""
+        more). The median over the last ``ADAPT_WINDOW`` rounds of that kind. 1 before any, or without ``adapt``.
+
+        A drafted round's parts ("multi", "draft", "other/multi") are learnt relative to the vanilla step's
+        correction at that R when they were measured, and priced as today's vanilla correction times that
+        ratio. The machine's speed drifts while a scheduler skips (session 16's vanilla steps at R = 8 ran from
+        0.77x to 1.25x their price in one cell); correcting only the kind it keeps measuring made drafts look
+        cheap whenever the machine slowed, and noise decided (measured, session 17: at R = 8 the plan flipped to
+        drafting each time the vanilla correction rose, and those rounds lost). A ratio not measured at this R
+        is borrowed from the nearest R that measured it (nearest in log2 R; of two, the dearer): when a cell's
+        batch drains, every smaller R is new, and pricing its drafts at the profile's word drafted at a loss
+        (session 16b, R = 8: six drafted rounds of its tail at 39 tokens/s against 66 for its vanilla steps).
+
+        Where no R measured the part, it takes its sibling's at this R (plain for multi and back, and likewise
+        for the overhead; "draft" takes "plain"): the machine that makes a one-token forward 1.4x its price makes
+        a wider one dearer too, and correcting only the kind it has seen would make the other look cheap
+        (measured, session 15: at R = 32 every vanilla step cost 1.43x its price, so drafts, priced uncorrected,
+        looked worth two rounds of drafting that lost). It takes the sibling's only in the direction that
+        favours not drafting: a drafted part at least 1, a plain kind at most 1. The other way round misled too
+        (session 16: at R = 4 a scheduler that always drafted priced vanilla steps by the 1.1 of its multi-token
+        verifies and the 3.1 of its wider acceptance, 80 ms against the 66 they cost, and kept drafting at a
+        loss)."""
         factors = self._factors
         own = factors.get((rows, part))
-        if own is not None:
-            return own
-        sibling = factors.get((rows, _SIBLING.get(part, part)), 1.0)
-        return max(sibling, 1.0) if part.endswith("multi") else min(sibling, 1.0) if part.endswith("plain") else sibling
+        if part not in _DRAFTED:
+            if own is not None:
+                return own
+            return min(factors.get((rows, _SIBLING[part]), 1.0), 1.0)
+        speed = factors.get((rows, "plain"), 1.0)
+        ratio = own if own is not None else self._nearest(rows, part)
+        if ratio is not None:
+            return speed * ratio
+        return max(factors.get((rows, _SIBLING.get(part, "plain")), 1.0), 1.0)
+
+    def _nearest(self, rows: int, part: str) -> float | None:
+        """``part``'s learnt ratio at the R nearest ``rows`` (in log2 R) that measured it; of two, the larger."""
+        seen = [(abs(np.log2(r / rows)), -f) for (r, p), f in self._factors.items() if p == part]
+        return -min(seen)[1] if seen else None
 
     def _learn(self, ctx: DraftContext) -> None:
         """Compare the engine's last round (``ctx.last_round``) with the profile's price of its shape."""
@@ -504,6 +527,7 @@ class _Confident(Scheduler):
         verify, propose, overhead = self._prices(t.rows, _to8(t.context), True, ctx.drafter,
                                                  max(ctx.block_size, max(t.tokens) - 1))
         kind = "plain" if max(t.tokens) == 1 else "multi"
+        speed = float(np.log(self._factors.get((t.rows, "plain"), 1.0)))  # drafted parts: relative to it
         parts = [(kind, t.verify_s, float(verify[shape]))]
         if self.costs:
             if t.drafted:
@@ -512,7 +536,7 @@ class _Confident(Scheduler):
         for part, measured, price in parts:
             if measured > 0 and price > 0:  # the median is taken here, once a round, not at every price asked
                 seen = self._ratios.setdefault((t.rows, part), deque(maxlen=self.ADAPT_WINDOW))
-                seen.append(float(np.log(measured / price)))
+                seen.append(float(np.log(measured / price)) - (speed if part in _DRAFTED else 0.0))
                 self._factors[(t.rows, part)] = float(np.exp(np.median(seen)))
 
 
@@ -536,7 +560,9 @@ class HardwareAware(_Confident):
     where the model puts drafting within ``RETRY_WITHIN`` of a vanilla step, it drafts one round: while it skips,
     the corrections of drafted rounds stop learning, so one slow stretch of the machine could stop drafting for
     good (session 16's sweep, R = 1, where drafting paid 18%: runs of 54 and 560 vanilla steps began after drafted
-    rounds had run 20-40% slower than usual for a while).
+    rounds had run 20-40% slower than usual for a while). Each retry after which the model still skips doubles
+    the wait before the next one at that R, and the wait is back to ``RETRY_AFTER`` once the model drafts on its
+    own: where drafting loses, retries cost a few rounds a cell, not one in 20 (session 16b, R = 8 and 16).
 
     ``measure`` (on by default): scale every survival, in ``plan`` and ``decide``, by :meth:`kappa`, the draft
     tokens the run's drafted rounds accepted over those their survivals promised. Survivals are products of
@@ -560,6 +586,9 @@ class HardwareAware(_Confident):
     RETRY_AFTER: ClassVar[int] = 20  # skipped rounds at an R before a drafted one re-measures (adapt) ...
     RETRY_WITHIN: ClassVar[float] = 0.10  # ... if the model puts drafting within 10% of a vanilla step
     _skipped: dict = field(default_factory=dict, init=False, repr=False)  # R -> rounds skipped in a row
+    _wait: dict = field(default_factory=dict, init=False, repr=False)  # R -> skipped rounds before the next retry
+    _expected: tuple | None = field(default=None, init=False, repr=False)  # (key, mean survival [block])
+    _changes: int = field(default=0, init=False, repr=False)  # counts what _expected depends on changing
     _recent: deque = field(default_factory=lambda: deque(maxlen=HardwareAware.RECENT), init=False, repr=False)
 
     def __post_init__(self):
@@ -576,6 +605,7 @@ class HardwareAware(_Confident):
         if proposal.confidence is not None:
             surv = self._survival(proposal)
             self._recent.extend(self._pending[r, : int(n)].copy() for r, n in enumerate(lengths) if n > 0)
+            self._changes += 1
         else:
             surv = self._measured_survival(lengths)
         self._promised = surv
@@ -608,14 +638,18 @@ class HardwareAware(_Confident):
         self.last_plan = bool(best > plain * (1.0 + self.margin))
         if not self.last_plan and self.adapt:
             skipped = self._skipped[rows] = self._skipped.get(rows, 0) + 1
-            if skipped >= self.RETRY_AFTER and best > plain * (1.0 - self.RETRY_WITHIN):
+            wait = self._wait.get(rows, self.RETRY_AFTER)
+            if skipped >= wait and best > plain * (1.0 - self.RETRY_WITHIN):
+                self._skipped[rows], self._wait[rows] = 0, 2 * wait  # the next retry waits twice as long ...
                 self.last_plan = True  # re-measure drafted rounds: their corrections stop learning while skipped
-        if self.last_plan:
-            self._skipped[rows] = 0
+        elif self.last_plan:
+            self._skipped[rows], self._wait[rows] = 0, self.RETRY_AFTER  # ... unless the model drafts on its own
         return self.last_plan
 
     def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:
         super().observe(ctx, verified, accepted)
+        if any(verified):
+            self._changes += 1  # the calibration learnt (see _expected_survival)
         self._counts.add(verified, accepted)
         promised, self._promised = self._promised, None
         if promised is not None and promised.shape[0] == len(verified):
@@ -645,11 +679,18 @@ class HardwareAware(_Confident):
         rows, width = len(ctx.slots), ctx.block_size
         if not self._recent:
             return self._measured_survival(np.full(rows, width))
+        key = (self._changes, width)  # unchanged while the scheduler skips: computed once, not every vanilla step
+        if self._expected is None or self._expected[0] != key:
+            self._expected = key, self._mean_survival(width)
+        return np.tile(self._expected[1], (rows, 1))
+
+    def _mean_survival(self, width: int) -> np.ndarray:
+        """[width] mean survival of the recent rows of confidences, through today's calibration."""
         conf, held = np.zeros((len(self._recent), width)), np.zeros((len(self._recent), width), dtype=bool)
         for i, row in enumerate(self._recent):
             conf[i, : len(row[:width])], held[i, : len(row[:width])] = row[:width], True
         mapped = np.where(held, self._online.map(conf) if self.recalibrate else conf, 0.0)
-        return np.tile(np.cumprod(mapped, axis=1).mean(0), (rows, 1))
+        return np.cumprod(mapped, axis=1).mean(0)
 
 
 class _Retrospective(HardwareAware):

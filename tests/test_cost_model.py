@@ -349,7 +349,7 @@ def test_adapt_stops_drafting_once_drafted_rounds_cost_more_than_priced():
         assert sched.plan(ctx) is not adapt
         assert sched.correction(2, "multi") == pytest.approx(3.0 if adapt else 1.0)
         assert sched.correction(2, "plain") == pytest.approx(1.0) and sched.correction(2, "draft") == pytest.approx(1.0)
-        assert sched.correction(4, "multi") == 1.0  # learnt per R
+        assert sched.correction(4, "multi") == pytest.approx(3.0 if adapt else 1.0)  # borrowed by an unmeasured R
 
 
 def test_adapt_does_not_draft_because_only_vanilla_steps_were_found_dear():
@@ -438,8 +438,31 @@ def test_a_correction_borrowed_from_the_sibling_kind_only_ever_favours_not_draft
     sched = HardwareAware(profile=_costed(0.3), layout="padded")
     sched._factors.update({(2, "multi"): 0.8, (4, "multi"): 1.3, (8, "plain"): 1.4, (16, "plain"): 0.7})
     assert sched.correction(2, "plain") == 0.8 and sched.correction(4, "plain") == 1.0  # vanilla never dearer
-    assert sched.correction(8, "multi") == 1.4 and sched.correction(16, "multi") == 1.0  # drafts never cheaper
     assert sched.correction(2, "multi") == 0.8  # a measured kind keeps its own
+    assert sched.correction(8, "draft") == 1.4 and sched.correction(16, "draft") == 1.0  # drafts never cheaper
+    assert sched.correction(16, "other/multi") == 1.0
+
+
+def test_drafted_rounds_are_priced_relative_to_the_vanilla_steps_and_borrowed_by_the_nearest_r():
+    """Session 17: while a scheduler skips, only vanilla steps are measured. A drafted round measured at 1.5x
+    its price when vanilla steps ran at 1.0x is 1.5x a vanilla step's correction, so when the machine slows
+    (vanilla steps at 2.0x) drafts are priced at 3.0x, not left at 1.5x to look cheap. R = 8 and 3, never
+    drafted, borrow the ratio of the nearest R that drafted (in log2 R: R = 4 for 8, 2 for 3 of 2 and 4 the
+    dearer), on top of their own vanilla correction."""
+    sched = HardwareAware(profile=_costed(0.3), layout="padded")
+    ctx = _ctx(4)
+    steps = [(0, 1.0, 0.0), (4, 1.5, 0.3)] + [(0, 2.0, 0.0)] * 3  # (drafts, verify_s, draft_s) of rounds at R = 4
+    for i, (drafts, verify_s, draft_s) in enumerate(steps):
+        ctx.last_round = _timing(i + 1, 4, drafts, verify_s=verify_s, draft_s=draft_s)
+        sched.plan(ctx)
+    assert sched.correction(4, "plain") == pytest.approx(2.0)  # median of 1, 2, 2, 2
+    assert sched.correction(4, "multi") == pytest.approx(3.0) and sched.correction(4, "draft") == pytest.approx(2.0)
+    sched._factors[(2, "multi")] = 1.2  # a ratio learnt at R = 2
+    for r in (8, 3):
+        sched._factors[(r, "plain")] = 0.5
+    assert sched.correction(8, "multi") == pytest.approx(0.5 * 1.5)  # R = 4's ratio
+    assert sched.correction(3, "multi") == pytest.approx(0.5 * 1.5)  # R = 2 and 4 equally near: the dearer
+    assert sched.correction(1, "multi") == pytest.approx(1.2)  # R = 2's, and no vanilla step measured at R = 1
 
 
 def test_a_vanilla_step_is_measured_first_at_each_concurrency_when_the_engine_reports_rounds():
@@ -531,10 +554,11 @@ def test_the_simulation_prices_a_vanilla_steps_own_time_apart_from_a_drafted_rou
 
 def test_a_scheduler_that_skips_redrafts_now_and_then_only_where_drafting_is_close():
     """R = 2, a verify 1 s at any width, the prior's 0.94 expected drafts a request: a propose of 1.04 s puts
-    drafting at 0.95 of a vanilla step (close: one drafted round after every 20 skipped), one of 5 s at 0.32
-    (never). Without adapt nothing re-measures, so it never retries."""
+    drafting at 0.95 of a vanilla step (close: one drafted round after 20 skipped, then 40, 80: each retry
+    after which the model still skips doubles the wait), one of 5 s at 0.32 (never). Without adapt nothing
+    re-measures, so it never retries."""
     close = HardwareAware(profile=_costed(1.04), layout="padded")
-    assert [i for i in range(1, 45) if close.plan(_ctx(2))] == [20, 40]
+    assert [i for i in range(1, 150) if close.plan(_ctx(2))] == [20, 60, 140]
     far = HardwareAware(profile=_costed(5.0), layout="padded")
     assert not any(far.plan(_ctx(2)) for _ in range(45))
     fixed_prices = HardwareAware(profile=_costed(1.04), layout="padded", adapt=False)
