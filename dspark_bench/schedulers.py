@@ -561,8 +561,9 @@ class HardwareAware(_Confident):
     the corrections of drafted rounds stop learning, so one slow stretch of the machine could stop drafting for
     good (session 16's sweep, R = 1, where drafting paid 18%: runs of 54 and 560 vanilla steps began after drafted
     rounds had run 20-40% slower than usual for a while). Each retry after which the model still skips doubles
-    the wait before the next one at that R, and the wait is back to ``RETRY_AFTER`` once the model drafts on its
-    own: where drafting loses, retries cost a few rounds a cell, not one in 20 (session 16b, R = 8 and 16).
+    the wait before the next one at that R, up to 4 x ``RETRY_AFTER``, and the wait is back to ``RETRY_AFTER``
+    once the model drafts on its own: where drafting loses, retries cost a few rounds a cell, not one in 20
+    (session 16b, R = 8 and 16).
 
     ``measure`` (on by default): scale every survival, in ``plan`` and ``decide``, by :meth:`kappa`, the draft
     tokens the run's drafted rounds accepted over those their survivals promised. Survivals are products of
@@ -583,12 +584,14 @@ class HardwareAware(_Confident):
     last_plan: bool | None = field(default=None, init=False)
     _counts: AcceptanceCounts = field(default_factory=AcceptanceCounts, init=False, repr=False)
     RECENT: ClassVar[int] = 64
+    HALF_LIFE: ClassVar[float] = 6.0  # rounds: the weight of a recent row halves every 6 rounds of the engine
     RETRY_AFTER: ClassVar[int] = 20  # skipped rounds at an R before a drafted one re-measures (adapt) ...
     RETRY_WITHIN: ClassVar[float] = 0.10  # ... if the model puts drafting within 10% of a vanilla step
     _skipped: dict = field(default_factory=dict, init=False, repr=False)  # R -> rounds skipped in a row
     _wait: dict = field(default_factory=dict, init=False, repr=False)  # R -> skipped rounds before the next retry
     _expected: tuple | None = field(default=None, init=False, repr=False)  # (key, mean survival [block])
     _changes: int = field(default=0, init=False, repr=False)  # counts what _expected depends on changing
+    _clock: int = field(default=0, init=False, repr=False)  # plans so far: one a round
     _recent: deque = field(default_factory=lambda: deque(maxlen=HardwareAware.RECENT), init=False, repr=False)
 
     def __post_init__(self):
@@ -604,7 +607,7 @@ class HardwareAware(_Confident):
             return proposal.lengths.clone()
         if proposal.confidence is not None:
             surv = self._survival(proposal)
-            self._recent.extend(self._pending[r, : int(n)].copy() for r, n in enumerate(lengths) if n > 0)
+            self._recent.extend((self._clock, self._pending[r, : int(n)].copy()) for r, n in enumerate(lengths) if n > 0)
             self._changes += 1
         else:
             surv = self._measured_survival(lengths)
@@ -618,6 +621,7 @@ class HardwareAware(_Confident):
         return torch.as_tensor(out, dtype=torch.long)
 
     def plan(self, ctx: DraftContext) -> bool:
+        self._clock += 1
         self.last_plan = True
         if not self.skip or not ctx.slots:
             return True
@@ -640,7 +644,7 @@ class HardwareAware(_Confident):
             skipped = self._skipped[rows] = self._skipped.get(rows, 0) + 1
             wait = self._wait.get(rows, self.RETRY_AFTER)
             if skipped >= wait and best > plain * (1.0 - self.RETRY_WITHIN):
-                self._skipped[rows], self._wait[rows] = 0, 2 * wait  # the next retry waits twice as long ...
+                self._skipped[rows], self._wait[rows] = 0, min(2 * wait, 4 * self.RETRY_AFTER)  # waits longer ...
                 self.last_plan = True  # re-measure drafted rounds: their corrections stop learning while skipped
         elif self.last_plan:
             self._skipped[rows], self._wait[rows] = 0, self.RETRY_AFTER  # ... unless the model drafts on its own
@@ -671,8 +675,12 @@ class HardwareAware(_Confident):
 
     def _expected_survival(self, ctx: DraftContext) -> np.ndarray:
         """[R, block] survivals a round drafted now is expected to offer every request: the mean survival of the
-        last ``RECENT`` rows of confidences proposed (any request's), through today's calibration; the measured
-        survival ``h`` before any (or for a drafter that predicts no confidences). Not each request's own last
+        last ``RECENT`` rows of confidences proposed (any request's), through today's calibration, each row weighed
+        by its age in rounds (halved every ``HALF_LIFE``); the measured survival ``h`` before any (or for a drafter
+        that predicts no confidences). The weights make a retry's rows count after a long skip: unweighted, the
+        rows of the last drafted stretch stood for prompts long gone (session 17, R = 1: drafting stopped on AIME
+        2025, where drafts lost, and one retry's row in 64 could not show that on HumanEval they paid 28%; the
+        scheduler skipped all of it). Not each request's own last
         confidences: drafting where the last round was confident selects on a high draw that the next round
         does not repeat (measured, session 16: at R = 4 the rounds so chosen cost 137 ms for 6.7 tokens, 49
         tokens/s against the 57 of vanilla steps), and a skipped request's confidences never refresh."""
@@ -681,16 +689,18 @@ class HardwareAware(_Confident):
             return self._measured_survival(np.full(rows, width))
         key = (self._changes, width)  # unchanged while the scheduler skips: computed once, not every vanilla step
         if self._expected is None or self._expected[0] != key:
-            self._expected = key, self._mean_survival(width)
-        return np.tile(self._expected[1], (rows, 1))
+            self._expected = key, *self._row_survivals(width)
+        _, stamps, surv = self._expected
+        weights = 0.5 ** ((stamps.max() - stamps) / self.HALF_LIFE)  # ages from the newest row: it weighs 1
+        return np.tile(weights @ surv / weights.sum(), (rows, 1))
 
-    def _mean_survival(self, width: int) -> np.ndarray:
-        """[width] mean survival of the recent rows of confidences, through today's calibration."""
+    def _row_survivals(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """The recent rows' rounds [n] and survivals [n, width], through today's calibration."""
         conf, held = np.zeros((len(self._recent), width)), np.zeros((len(self._recent), width), dtype=bool)
-        for i, row in enumerate(self._recent):
+        for i, (_, row) in enumerate(self._recent):
             conf[i, : len(row[:width])], held[i, : len(row[:width])] = row[:width], True
         mapped = np.where(held, self._online.map(conf) if self.recalibrate else conf, 0.0)
-        return np.cumprod(mapped, axis=1).mean(0)
+        return np.array([t for t, _ in self._recent], dtype=np.float64), np.cumprod(mapped, axis=1)
 
 
 class _Retrospective(HardwareAware):

@@ -569,3 +569,25 @@ def test_hardware_aware_without_a_profile_measures_one_and_decodes(tiny):
     sched = HardwareAware(layout="padded")
     out = _run(tiny, _Counting(_Counting.Config(), tiny), sched)
     assert sched._table is not None and all(len(r.output_ids) == 16 or r.finish == "eos" for r in out.values())
+
+
+def test_after_a_long_skip_the_rows_of_a_retry_outweigh_the_stale_ones(monkeypatch):
+    """Session 17, R = 1: drafting stopped on prompts whose drafts lost, and one retry's row among 64 stale
+    ones could not show that the new prompts' drafts pay. 64 rounds of confidences 0.2 (skip: a propose costs
+    30% of a step, drafting is at 0.96 of a vanilla step), then a retry whose confidences are 0.95: the next
+    round drafts. With equal weights (an
+    infinite half-life) the stale rows outvote it and the scheduler keeps skipping."""
+
+    def proposal(c: float) -> Proposal:
+        return Proposal(torch.zeros(1, 4, dtype=torch.long), torch.full((1,), 4), None, torch.full((1, 4), c))
+
+    for half_life, resumes in ((HardwareAware.HALF_LIFE, True), (float("inf"), False)):
+        monkeypatch.setattr(HardwareAware, "HALF_LIFE", half_life)
+        sched = HardwareAware(profile=_costed(0.3), layout="padded", recalibrate=False, measure=False)
+        ctx = _ctx(1)
+        for _ in range(64):
+            sched.plan(ctx)
+            sched.decide(proposal(0.2), ctx)
+        waited = next(i for i in range(200) if sched.plan(ctx))  # skips until the retry
+        sched.decide(proposal(0.95), ctx)
+        assert waited > 20 and sched.plan(ctx) is resumes
