@@ -589,7 +589,7 @@ class HardwareAware(_Confident):
     RETRY_WITHIN: ClassVar[float] = 0.10  # ... if the model puts drafting within 10% of a vanilla step
     _skipped: dict = field(default_factory=dict, init=False, repr=False)  # R -> rounds skipped in a row
     _wait: dict = field(default_factory=dict, init=False, repr=False)  # R -> skipped rounds before the next retry
-    _expected: tuple | None = field(default=None, init=False, repr=False)  # (key, mean survival [block])
+    _expected: tuple | None = field(default=None, init=False, repr=False)  # (key, rounds [n], survivals [n, block])
     _changes: int = field(default=0, init=False, repr=False)  # counts what _expected depends on changing
     _clock: int = field(default=0, init=False, repr=False)  # plans so far: one a round
     _recent: deque = field(default_factory=lambda: deque(maxlen=HardwareAware.RECENT), init=False, repr=False)
