@@ -23,8 +23,7 @@ def bar_rows(sweep: dict, drafter: str) -> list[dict]:
         tps = {("none" if row["drafter"] == "none" else row["label"]): row["aggregate_tokens_per_s"] for row in cells
                if row["drafter"] in ("none", drafter)}
         budget = {row["label"]: row["mean_verify_budget"] for row in cells if row["drafter"] == drafter}
-        best = max(v for k, v in tps.items() if k == "none" or k.startswith("fixed"))
-        ratio = {k: v / best for k, v in tps.items() if k != "none" and not k.startswith("fixed")}
+        best, ratio = _over_best(tps)
         out.append({"concurrency": r, "tps": tps, "budget": budget, "best": best, "ratio": ratio})
     return out
 
@@ -45,11 +44,13 @@ def repeat_ratios(folder: Path, drafter: str) -> dict[tuple[int, int], dict[str,
         for k in sorted({r.repeat for r in records}):
             tps.setdefault((row["concurrency"], k), {})[label] = system_tokens_per_s(
                 [r for r in records if r.repeat == k])
-    out = {}
-    for key, cells in sorted(tps.items()):
-        best = max(v for k, v in cells.items() if k == "none" or k.startswith("fixed"))
-        out[key] = {k: v / best for k, v in cells.items() if k != "none" and not k.startswith("fixed")}
-    return out
+    return {key: _over_best(cells)[1] for key, cells in sorted(tps.items())}
+
+
+def _over_best(tps: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """The best tokens/s of `none` and the fixed lengths, and every other label's tokens/s over it."""
+    best = max(v for k, v in tps.items() if k == "none" or k.startswith("fixed"))
+    return best, {k: v / best for k, v in tps.items() if k != "none" and not k.startswith("fixed")}
 
 
 def main(argv: list[str] | None = None) -> int:
