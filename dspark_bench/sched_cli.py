@@ -292,7 +292,8 @@ def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_
               "price a vanilla step's own time (scheduling, acceptance, commit).")
 @click.option("--block-size", default=7, show_default=True, type=int)
 @click.option("--calibrate-clock/--no-calibrate-clock", default=True, show_default=True,
-              help="Scale the profile's step times by the records' median measured/profiled verify time.")
+              help="Scale the profile's step times by the records' measured/profiled verify time (summed), "
+                   "vanilla steps by the `none` cells' (--sweep) where there are any.")
 @click.option("--verify-model", default="grid", show_default=True, type=click.Choice(["grid", "sps"]),
               help="Price a verify of R rows x w tokens from the profile's verify grid, or as 1 / SPS(R w) "
                    "(the first simulation's model, kept to measure what the grid changes).")
@@ -324,15 +325,16 @@ def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler
     vanilla = [r for d in _names(sweep_dirs or "") for c in sorted((Path(d) / "cells").glob("none__*"))
                for r in sim.read_cell(c)]  # the sweeps' `none` cells price the vanilla steps' own time
     overhead = sim.fit_overhead(records, vanilla)
-    scale = sim.clock_scale(records, table, layout) if calibrate_clock else 1.0
+    scale, plain = sim.clock_scales(records, table, layout, vanilla) if calibrate_clock else (1.0, None)
     cells = [(name, {**opts.get(name, {}), **inline}) for name, inline in map(parse_scheduler,
                                                                                split_schedulers(scheduler_list))]
     rows = sim.project(sim.traces_from_records(records), table, cells, _ints(concurrency), layout, overhead,
-                       block_size, scale, records[0].drafter)
+                       block_size, scale, records[0].drafter, plain)
     rows = [{"drafter": records[0].drafter, "label": _label(r), **r} for r in rows]  # one series per variant
     result = {"simulated": True, "note": sim.__doc__.split("\n\n")[0], "profile": profile_path,
               "drafter": records[0].drafter, "machine": table.machine, "layout": layout,
-              "overhead": dataclasses.asdict(overhead), "clock_scale": scale, "verify_model": verify_model,
+              "overhead": dataclasses.asdict(overhead), "clock_scale": scale, "plain_clock_scale": plain,
+              "verify_model": verify_model,
               "traces": len(records), "rows": rows}
     if sweep_dirs:
         checked = [row for d in _names(sweep_dirs) for row in sim.validate(d, table, layout, block_size)["rows"]]

@@ -13,8 +13,10 @@ forward seconds of the shape the target computes (``layout``: ``padded`` = this 
 ``1 + max l`` tokens, from the profile's verify grid when it has one; ``packed`` = ``1 / SPS(sum (1 + l))``)
 at the active requests' mean context. ``draft(R)`` and ``other(R)`` are least-squares lines ``a + b R`` of
 the recorded ``draft_s`` and ``other_s`` per round (0 without timings); ``draft`` is paid only in rounds where
-the scheduler's ``plan`` lets the drafter run. ``s`` (``clock_scale``) is the median ratio of recorded verify
-seconds to the profile's prediction (a shared machine's load level; 1 for a dedicated one). Prefill is not
+the scheduler's ``plan`` lets the drafter run. ``s`` (``clock_scale``) is the recorded verify seconds over the
+profile's prediction, summed over the replayed cell's drafted rounds (a shared machine's load level; 1 for a
+dedicated one); a round that verifies no draft token takes ``plain_clock_scale``, the same ratio over the
+vanilla steps of the level's `none` cell (:func:`clock_scales` says why). Prefill is not
 simulated (decode only, as ``sweep.aggregate_tokens_per_s``). Continuous batching: a finished request's slot is
 refilled at once.
 
@@ -145,7 +147,8 @@ class SimSpec:
     options: dict[str, Any] = field(default_factory=dict)
     layout: str = "padded"  # what the target computes: padded (this engine) or packed
     block_size: int = 7
-    clock_scale: float = 1.0  # measured / profiled verify time on the machine being simulated
+    clock_scale: float = 1.0  # measured / profiled verify time on the machine being simulated ...
+    plain_scale: float | None = None  # ... and of a round that verifies no draft token (None: clock_scale)
     decisions: Profile | None = None  # the SPS table the schedulers decide with (default: the clock's)
     drafter: str = ""  # the drafter's name, under which a scheduler looks up its cost in the profile
 
@@ -201,7 +204,8 @@ def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhea
         verify = 1.0 / float(profile.sps(rows + sum(ver), context))
     draft_s = overhead.seconds(rows, True) - overhead.seconds(rows, False) if drafted else 0.0
     timing = RoundTiming((last.index if last else 0) + 1, rows, tuple(1 + v for v in ver), context, drafted,
-                         draft_s, spec.clock_scale * verify, overhead.seconds(rows, False, max(ver, default=0)))
+                         draft_s, _scale(spec, max(ver, default=0)) * verify,
+                         overhead.seconds(rows, False, max(ver, default=0)))
     seconds = draft_s + timing.other_s + timing.verify_s
     # 3. accept and commit (a skipped round keeps its recorded round for the next time the drafter runs)
     acc = [min(item.trace.accepted[i], v) for item, i, v in zip(live, idx, ver, strict=True)]
@@ -212,6 +216,11 @@ def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhea
         item.round += int(drafted)
         item.seconds += seconds
     return np.array([rows, sum(acc) + rows, sum(ver), sum(acc), seconds]), timing
+
+
+def _scale(spec: SimSpec, width: int) -> float:
+    """The clock scale of a simulated round verifying up to ``width`` draft tokens per request."""
+    return spec.plain_scale if width == 0 and spec.plain_scale is not None else spec.clock_scale
 
 
 def _proposal(live: list[_Live], idx: list[int]) -> Proposal:
@@ -231,6 +240,7 @@ def _row(spec: SimSpec, totals: np.ndarray, done: list[_Live]) -> dict[str, Any]
     per_request = tokens / sum(item.seconds for item in done) if done else None
     return {"simulated": True, "scheduler": spec.scheduler, "concurrency": spec.concurrency,
             "options": spec.options, "layout": spec.layout, "clock_scale": spec.clock_scale,
+            "plain_clock_scale": spec.plain_scale,
             "aggregate_tokens_per_s": tokens / seconds if seconds else None, "per_request_tps": per_request,
             "mean_verify_budget": 1 + verified / rounds if rounds else None,
             "waste": (verified - accepted) / verified if verified else None,
@@ -240,39 +250,64 @@ def _row(spec: SimSpec, totals: np.ndarray, done: list[_Live]) -> dict[str, Any]
 # ---- projection and validation --------------------------------------------------------------------------------
 def project(traces: Sequence[Trace], profile: Profile, cells: Sequence[tuple[str, dict]], concurrency: Sequence[int],
             layout: str = "padded", overhead: RoundFit = RoundFit(), block_size: int = 7,
-            scale: float = 1.0, drafter: str = "") -> list[dict]:
+            scale: float = 1.0, drafter: str = "", plain_scale: float | None = None) -> list[dict]:
     """Every (scheduler, options) at every concurrency, with max(len(traces), 2 N) requests per level."""
     rows = []
     for conc in concurrency:
         for name, options in cells:
-            spec = SimSpec(name, conc, dict(options), layout, block_size, scale, drafter=drafter)
+            spec = SimSpec(name, conc, dict(options), layout, block_size, scale, plain_scale, drafter=drafter)
             rows.append(simulate(traces, spec, profile, overhead, max(len(traces), 2 * conc)))
     return rows
 
 
-def verify_ratios(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> list[float]:
-    """Recorded verify_s of each engine round / (1 / SPS(B)): rounds are rebuilt by grouping requests' rounds
-    with identical timing rows (one engine round shares one timing row)."""
+def verify_pairs(records: Sequence[RequestRecord], profile: Profile,
+                 layout: str = "padded") -> list[tuple[float, float, bool]]:
+    """(recorded verify_s, the profile's price of its shape, whether it verified a draft token) per engine round:
+    rounds are rebuilt by grouping requests' rounds with identical timing rows (one engine round shares one
+    timing row)."""
     groups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)  # timing row -> [(verified, context)]
     for rec in records:
         context = rec.prompt_len + 1
         for (_, ver, _, com), t in zip(rec.rounds, rec.timings, strict=True):
             groups[tuple(t)].append((ver, context))
             context += com
-    ratios = []
+    pairs = []
     for timing, members in groups.items():
         ver, context = [v for v, _ in members], float(np.mean([c for _, c in members]))
         if layout == "padded":
             predicted = float(profile.verify_seconds(len(ver), 1 + max(ver), context))
         else:
             predicted = 1.0 / float(profile.sps(len(ver) + sum(ver), context))
-        ratios.append(timing[1] / predicted)
-    return ratios
+        pairs.append((float(timing[1]), predicted, max(ver) > 0))
+    return pairs
 
 
-def clock_scale(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> float:
-    ratios = verify_ratios(records, profile, layout)
-    return float(np.median(ratios)) if ratios else 1.0
+def verify_ratios(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> list[float]:
+    """Recorded verify_s of each engine round / the profile's price of its shape (:func:`verify_pairs`)."""
+    return [recorded / predicted for recorded, predicted, _ in verify_pairs(records, profile, layout)]
+
+
+def clock_scale(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded",
+                drafted: bool | None = None) -> float | None:
+    """Recorded / profiled verify seconds, summed over the rounds of ``records`` (only those that verified a
+    draft token, or only those that verified none, where ``drafted`` says which); None where there is no such
+    round. A ratio of sums, not the median of each round's ratio: throughput is tokens over total seconds, and a
+    machine's slow stretches weigh in the total, where the median left them out."""
+    pairs = [(r, p) for r, p, d in verify_pairs(records, profile, layout) if drafted is None or d == drafted]
+    predicted = sum(p for _, p in pairs)
+    return sum(r for r, _ in pairs) / predicted if predicted > 0 else None
+
+
+def clock_scales(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded",
+                 vanilla: Sequence[RequestRecord] = ()) -> tuple[float, float]:
+    """(drafted rounds' scale, vanilla steps' scale) for a replay of ``records`` (a fixed cell's). Vanilla steps
+    are off their price by another factor than multi-token verifies (session 17b: at R = 32 the `none` cell's
+    steps ran at 1.98x their price, the fixed cell's verifies at 1.55x), so a simulated round that verifies no
+    draft token is priced by the vanilla records' scale (``vanilla``: the level's `none` cell), else by the plain
+    rounds of ``records``, else as a drafted one. 1 where there is nothing to measure."""
+    drafted = clock_scale(records, profile, layout, True) or clock_scale(records, profile, layout) or 1.0
+    plain = clock_scale(vanilla, profile, layout, False) or clock_scale(records, profile, layout, False) or drafted
+    return drafted, plain
 
 
 def verify_model_error(records: Sequence[RequestRecord], profile: Profile, layout: str = "padded") -> dict:
@@ -318,7 +353,8 @@ def validate(sweep_dir: str | Path, profile: Profile, layout: str = "padded", bl
                  "simulated": _ratio(sim, _replay(base, records, profile, layout, block_size, decisions, vanilla))}
         errors = {k: _rel(sim[k], row[k]) for k in _COMPARED}
         out.append({"drafter": row["drafter"], "label": row["label"], "concurrency": row["concurrency"],
-                    "replays_itself": base is row, "clock_scale": sim["clock_scale"], "measured": {k: row[k] for k in _COMPARED},
+                    "replays_itself": base is row, "clock_scale": sim["clock_scale"],
+                    "plain_clock_scale": sim["plain_clock_scale"], "measured": {k: row[k] for k in _COMPARED},
                     "simulated": {k: sim[k] for k in _COMPARED}, "ratio_vs_fixed": ratio,
                     "rel_error": {**errors, "ratio_vs_fixed": _rel(ratio["simulated"], ratio["measured"])}})
     return {"rows": out, **validation_errors(out)}
@@ -327,9 +363,9 @@ def validate(sweep_dir: str | Path, profile: Profile, layout: str = "padded", bl
 def _replay(cell: dict, records: Sequence[RequestRecord], profile: Profile, layout: str, block_size: int,
             decisions: Profile | None, vanilla: Sequence[RequestRecord] = ()) -> dict:
     """A sweep cell replayed from ``records`` (the fixed cell): their traces, overhead fit (vanilla steps' from
-    ``vanilla``, the level's `none` cell, where there is one) and clock scale."""
+    ``vanilla``, the level's `none` cell, where there is one) and clock scales (:func:`clock_scales`)."""
     spec = SimSpec(cell["scheduler"], cell["concurrency"], dict(cell["options"]), layout, block_size,
-                   clock_scale(records, profile, layout), decisions, drafter=cell["drafter"])
+                   *clock_scales(records, profile, layout, vanilla), decisions, drafter=cell["drafter"])
     return simulate(traces_from_records(records), spec, profile, fit_overhead(records, vanilla))
 
 

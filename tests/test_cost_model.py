@@ -591,3 +591,33 @@ def test_after_a_long_skip_the_rows_of_a_retry_outweigh_the_stale_ones(monkeypat
         waited = next(i for i in range(200) if sched.plan(ctx))  # skips until the retry
         sched.decide(proposal(0.95), ctx)
         assert waited > 20 and sched.plan(ctx) is resumes
+
+
+def test_the_simulation_prices_vanilla_steps_by_the_none_cells_own_clock():
+    """Session 17b's committed sweep at R = 32: the `none` cell's steps ran further off the profile's price than
+    the fixed cell's verifies. `hardware-aware` never drafted there, so a replay that priced its steps by the
+    fixed cell's scale ran fast; priced by the `none` cell's, it lands near the measured cell."""
+    import json
+    from pathlib import Path
+
+    from dspark_bench.profile import load_profile
+    from dspark_bench.simulate import SimSpec, clock_scales, fit_overhead, simulate, traces_from_records
+    from dspark_bench.sweep import read_cell
+
+    sweep = Path(__file__).resolve().parents[1] / "baselines" / "scheduling-smollm2" / "session17b" / "sweep"
+    profile = load_profile(sweep.parent / "profile.json")
+    fixed, none = read_cell(sweep / "cells" / "dspark__fixed__c32"), read_cell(sweep / "cells" / "none__fixed__c32")
+    drafted, plain = clock_scales(fixed, profile, "padded", none)
+    assert plain > 1.15 * drafted
+    assert clock_scales(fixed, profile, "padded")[1] == pytest.approx(drafted)  # no plain rounds of its own
+    row = next(r for r in json.loads((sweep / "sweep.json").read_text())["rows"]
+               if r["concurrency"] == 32 and r["label"].startswith("hardware-aware"))
+    traces, fit, measured = traces_from_records(fixed), fit_overhead(fixed, none), row["aggregate_tokens_per_s"]
+
+    def replay(plain_scale):
+        spec = SimSpec(row["scheduler"], 32, dict(row["options"]), "padded", 7, drafted, plain_scale, profile,
+                       drafter="dspark")
+        return simulate(traces, spec, profile, fit)["aggregate_tokens_per_s"]
+
+    assert replay(None) > 1.1 * measured
+    assert replay(plain) == pytest.approx(measured, rel=0.05)

@@ -116,7 +116,7 @@ def parse_profile(data: Any, source: Path) -> Profile:
 ROW_REQUIRED = ("scheduler", "concurrency", "aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget")
 ROW_OPTIONAL = ("options", "waste", "tau", "acceptance_rate", "accepted_per_step", "rejected_per_step",
                 "verified_acceptance_rate", "n_requests", "n_errors", "folder", "domain", "simulated", "layout",
-                "clock_scale")
+                "clock_scale", "plain_clock_scale")
 _ROW_NUMBERS = ("aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget", "waste", "tau", "acceptance_rate",
                 "accepted_per_step", "rejected_per_step", "verified_acceptance_rate")
 
@@ -162,8 +162,8 @@ def parse_sweep(data: Any, source: Path) -> Cells:
 
 
 def parse_simulate(data: Any, source: Path) -> Cells:
-    extra = ("simulated", "note", "profile", "machine", "layout", "overhead", "clock_scale", "drafter", "traces",
-             "validation", "verify_model")
+    extra = ("simulated", "note", "profile", "machine", "layout", "overhead", "clock_scale", "plain_clock_scale",
+             "drafter", "traces", "validation", "verify_model")
     d = _obj(data, str(source), ("rows",), extra)
     rows = tuple(_row(r, f"{source}: rows[{i}]", True) for i, r in enumerate(_list(d["rows"], str(source))))
     return Cells(source, rows, True, _str(d.get("note"), str(source)))
