@@ -595,8 +595,10 @@ def test_after_a_long_skip_the_rows_of_a_retry_outweigh_the_stale_ones(monkeypat
 
 def test_the_simulation_prices_vanilla_steps_by_the_none_cells_own_clock():
     """Session 17b's committed sweep at R = 32: the `none` cell's steps ran further off the profile's price than
-    the fixed cell's verifies. `hardware-aware` never drafted there, so a replay that priced its steps by the
-    fixed cell's scale ran fast; priced by the `none` cell's, it lands near the measured cell."""
+    the fixed cell's verifies. `hardware-aware` never drafted there, so it ran the `none` cell's steps: a replay
+    that priced them by the fixed cell's scale ran 10% or more fast; priced by the `none` cell's, it lands on
+    the `none` cell's throughput. (The measured `hardware-aware` cell ran 5% above `none`, the spread of two cells
+    doing the same work.)"""
     import json
     from pathlib import Path
 
@@ -610,9 +612,11 @@ def test_the_simulation_prices_vanilla_steps_by_the_none_cells_own_clock():
     drafted, plain = clock_scales(fixed, profile, "padded", none)
     assert plain > 1.15 * drafted
     assert clock_scales(fixed, profile, "padded")[1] == pytest.approx(drafted)  # no plain rounds of its own
-    row = next(r for r in json.loads((sweep / "sweep.json").read_text())["rows"]
-               if r["concurrency"] == 32 and r["label"].startswith("hardware-aware"))
-    traces, fit, measured = traces_from_records(fixed), fit_overhead(fixed, none), row["aggregate_tokens_per_s"]
+    rows = [r for r in json.loads((sweep / "sweep.json").read_text())["rows"] if r["concurrency"] == 32]
+    row = next(r for r in rows if r["label"].startswith("hardware-aware"))
+    assert row["mean_verify_budget"] == 1.0  # it never drafted
+    measured = next(r for r in rows if r["drafter"] == "none")["aggregate_tokens_per_s"]
+    traces, fit = traces_from_records(fixed), fit_overhead(fixed, none)
 
     def replay(plain_scale):
         spec = SimSpec(row["scheduler"], 32, dict(row["options"]), "padded", 7, drafted, plain_scale, profile,
@@ -620,4 +624,4 @@ def test_the_simulation_prices_vanilla_steps_by_the_none_cells_own_clock():
         return simulate(traces, spec, profile, fit)["aggregate_tokens_per_s"]
 
     assert replay(None) > 1.1 * measured
-    assert replay(plain) == pytest.approx(measured, rel=0.05)
+    assert replay(plain) == pytest.approx(measured, rel=0.03)
