@@ -238,11 +238,17 @@ class Run:
         return Engine(self.target, drafter, config, create_scheduler(spec.scheduler, **opts))
 
     def _warmup(self, engines: dict[str, Engine], requests: Sequence[Request]) -> None:
-        """One short untimed generation per drafter (allocator, kernels, caches), not recorded."""
+        """One short untimed generation per drafter (allocator, kernels, caches), not recorded. It decodes with a
+        copy of the run's scheduler (:meth:`~dspark_bench.schedulers.Scheduler.warmup_copy`): an adapting
+        scheduler learns prices and acceptance from every round it sees, and the warmup's are cold and unrecorded
+        (until session 18 they taught the run's scheduler; a replay of its decisions from the records,
+        ``scripts/sched_replay.py``, diverged at R = 1 because the warmup had advanced its retry count)."""
         probe = [dataclasses.replace(requests[0], request_id=-1)]
         for engine in engines.values():
             short = dataclasses.replace(engine.config, max_new_tokens=min(8, engine.config.max_new_tokens))
-            Engine(engine.target, engine.drafter, short, engine.scheduler).run(probe, lambda res: None)
+            warm = engine.scheduler.warmup_copy()
+            Engine(engine.target, engine.drafter, short, warm).run(probe, lambda res: None)
+            engine.scheduler.keep_warmup(warm)
 
     def _manifest(self, engines: dict[str, Engine]) -> dict:
         t = self.target

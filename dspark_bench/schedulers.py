@@ -56,6 +56,7 @@ one, the first ``decide`` measures a small profile of ``ctx.target`` (slow: pass
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from abc import ABC, abstractmethod
 from collections import deque
@@ -171,6 +172,14 @@ class Scheduler(ABC):
 
     def observe(self, ctx: DraftContext, verified: Sequence[int], accepted: Sequence[int]) -> None:  # noqa: B027
         """After verification: the round's verified and accepted draft counts per request, in batch order."""
+
+    def warmup_copy(self) -> Scheduler:
+        """The scheduler an untimed warmup decodes with: a copy, so that the warmup's cold, unrecorded rounds
+        teach this one nothing (:meth:`keep_warmup` takes back what it measured of the machine)."""
+        return copy.deepcopy(self)
+
+    def keep_warmup(self, warm: Scheduler) -> None:  # noqa: B027
+        """After the warmup with ``warm`` (:meth:`warmup_copy`): keep what is a fact of the machine, not learnt."""
 
 
 @register_scheduler("fixed")
@@ -405,6 +414,10 @@ class _Confident(Scheduler):
             raise SchedulerError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         self._table = load_profile(self.profile) if isinstance(self.profile, str) else self.profile
         self._temps = _temperatures(self.calibration)
+
+    def keep_warmup(self, warm: Scheduler) -> None:
+        if self._table is None and isinstance(warm, _Confident):
+            self._table = warm._table  # a profile measured on first use: measured once, before the timed rounds
 
     def _calibrated(self, proposal: Proposal) -> np.ndarray:
         """Calibrated conditional confidences [R, k] (float64): the STS temperatures, then (``recalibrate``) the

@@ -51,3 +51,52 @@ def test_gate_and_metrics_import_no_model_code():
     loaded = ast.literal_eval(out)  # the printed list of module names
     assert loaded == ["dspark_bench.allocator", "dspark_bench.gate", "dspark_bench.metrics", "dspark_bench.results",
                       "dspark_bench.rounds"]  # allocator: ctypes only (the manifest records the host allocator)
+
+
+def test_the_warmup_teaches_the_runs_scheduler_nothing_but_keeps_its_measured_profile(tmp_path, monkeypatch):
+    """The warmup's rounds are cold and unrecorded: an adapting scheduler must not learn from them (its decisions
+    then follow from the recorded rounds alone, which scripts/sched_replay.py relies on). A profile the
+    scheduler measured on first use is kept, so the timed rounds do not pay for measuring it again."""
+    from dspark_bench.runner import build_requests
+
+    target = tiny_target("llama")
+    monkeypatch.setattr(target, "render", lambda text: [3 + (ord(c) % 90) for c in text][:14])
+    prompts = [Prompt("ds", "custom", "p0", 0, "a prompt to warm up with")]
+    spec = RunSpec(target="tiny", drafters=("ngram",), scheduler="hardware-aware", max_new_tokens=12)
+    run = Run(spec, target, prompts, tmp_path / "run")
+    engine = run._engine("ngram")
+    run._warmup({"ngram": engine}, build_requests(target, prompts, spec.seed))
+    sched = engine.scheduler
+    assert sched._clock == 0 and not sched._factors and sched.kappa() == 1.0  # it saw no round
+    assert sched._table is not None  # the profile the warmup's copy measured
+
+
+def test_a_hardware_aware_run_replays_from_its_records_decision_for_decision(tmp_path, monkeypatch):
+    """scripts/sched_replay.py feeds a new scheduler what the engine gave the run's (slots, the last round's
+    timing, proposals with their confidences, verified and accepted counts), all from the records: it plans what
+    the run planned in every round of both repeats (the warmup's rounds teach the run's scheduler nothing). A
+    scheduler that read anything the records do not hold (a clock, a round's tokens) would diverge."""
+    import importlib.util
+    from pathlib import Path
+
+    from dspark_bench.profile import measure_profile, save_profile
+    from dspark_bench.results import read_manifest
+    from dspark_bench.schedulers import create_scheduler
+
+    target = tiny_target("llama")
+    monkeypatch.setattr(target, "render", lambda text: [3 + (ord(c) % 90) for c in text][:14])
+    save_profile(measure_profile(target, (1, 2, 4, 8, 16, 32), (64,), repeats=1), tmp_path / "profile.json")
+    prompts = [Prompt("ds", "custom", f"p{i}", i, f"prompt {i} {'abab' * (i % 4)}") for i in range(8)]
+    spec = RunSpec(target="tiny", drafters=("dspark",), scheduler="hardware-aware", max_new_tokens=24,
+                   concurrency=3, repeats=2, profile=str(tmp_path / "profile.json"))  # (random weights)
+    Run(spec, target, prompts, tmp_path / "run").execute()
+    records = read_records(tmp_path / "run")
+    root = Path(__file__).resolve().parents[1]
+    loader = importlib.util.spec_from_file_location("sched_replay", root / "scripts" / "sched_replay.py")
+    replay = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(replay)
+    calibration = read_manifest(tmp_path / "run")["drafters"]["dspark"]["scheduler_options"].get("calibration")
+    sched = create_scheduler("hardware-aware", profile=str(tmp_path / "profile.json"), calibration=calibration)
+    rows = [row for k in (0, 1) for row in replay.replay([r for r in records if r.repeat == k], sched)[0]]
+    assert {row["recorded"] for row in rows} == {True, False}  # it drafted some rounds and skipped others
+    assert [row["planned"] for row in rows] == [row["recorded"] for row in rows]

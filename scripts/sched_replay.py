@@ -1,0 +1,116 @@
+"""Replay a recorded `hardware-aware` cell's inputs through a new scheduler and print, round by round, what it
+would plan against what the engine did: the promised throughput of drafting over a vanilla step (theta / plain,
+the plan's own numbers), kappa, the expected first-position survival and the corrections at that R.
+
+The scheduler is fed exactly what the engine gave it, from the records: each round's slots and positions, the
+previous round's timing (``ctx.last_round``), the drafter's proposal and confidences where the drafter ran, and
+the verified and accepted counts. A round's rows share one timing row, which joins them into the round; rounds
+are put in order by each request's own sequence. Where the records hold every input, the replay plans what the
+engine planned: on session 18's sweep at R = 2, repeat 0 (`--repeats 0`), 350 of 351 rounds agree, the other
+being the first vanilla step, which the run's warmup had taken (until session 18 the warmup decoded with the
+run's own scheduler; now it decodes with a copy). Repeat 1 there diverges from round 11 on (116 of 424 rounds),
+for a reason not found. A drafter that may propose nothing (``ngram``) leaves rounds the plan let it draft
+looking like skipped ones: the records cannot tell them apart.
+
+    python scripts/sched_replay.py CELL_RUN_FOLDER --profile PROFILE [--calibration CAL] [--repeats 0,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from graphlib import TopologicalSorter
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from dspark_bench import schedulers
+from dspark_bench.drafters.base import DraftContext, Proposal, RoundTiming
+from dspark_bench.results import read_records
+
+
+def ordered_rounds(records) -> list[list[tuple]]:
+    """The engine's rounds in order, each a list of (record, round index, position at the round's start) in
+    request order."""
+    nodes: dict[tuple, list] = {}
+    order = TopologicalSorter()
+    for rec in sorted(records, key=lambda r: r.index):
+        prev, pos = None, rec.prompt_len
+        for i, (stats, timing) in enumerate(zip(rec.rounds, rec.timings, strict=True)):
+            key = tuple(timing)
+            nodes.setdefault(key, []).append((rec, i, pos))
+            order.add(key, *([prev] if prev is not None else []))
+            prev, pos = key, pos + stats[3]
+    return [sorted(nodes[k], key=lambda m: m[0].index) for k in order.static_order()]
+
+
+def replay(records, scheduler: schedulers.HardwareAware, block: int = 7, drafter: str = "dspark",
+           last: RoundTiming | None = None) -> tuple[list[dict], RoundTiming | None]:
+    """One dict per round: ``recorded`` and ``planned`` (drafted or not), ``tokens``, ``seconds``, ``rows`` and
+    the plan's numbers where it has measured a vanilla step at that R."""
+    out = []
+    for n, members in enumerate(ordered_rounds(records)):
+        slots = [SimpleNamespace(request_id=rec.index, position=pos) for rec, _, pos in members]
+        ctx = DraftContext(None, 1.0, block, slots, drafter=drafter, last_round=last)
+        planned = scheduler.plan(ctx)
+        rows = len(slots)
+        row = {"round": n, "rows": rows, "planned": planned}
+        if (rows, "plain") in scheduler._factors:
+            vanilla, drafted = scheduler._round_seconds(ctx, drafted=False), scheduler._round_seconds(ctx)
+            surv = (scheduler._expected_survival(ctx) * scheduler.kappa()).clip(0.0, 1.0)
+            width, theta = schedulers.best_column(surv, np.full(rows, block), drafted, early_stop=False)
+            row.update(promise=theta / (rows / float(vanilla(np.asarray(0)))), width=int(width),
+                       kappa=scheduler.kappa(), first=float(surv[0][0]),
+                       factors={p: round(v, 3) for (r, p), v in scheduler._factors.items() if r == rows})
+        stats = [rec.rounds[i] for rec, i, _ in members]
+        timing = members[0][0].timings[members[0][1]]
+        recorded = any(s[0] for s in stats)
+        if recorded:
+            lengths = torch.tensor([s[0] for s in stats])
+            conf = None
+            if all(rec.confidence is not None for rec, _, _ in members):  # else a drafter without confidences
+                conf = torch.zeros(rows, int(lengths.max()), dtype=torch.float64)
+                for j, (rec, i, _) in enumerate(members):
+                    conf[j, : len(rec.confidence[i])] = torch.tensor(rec.confidence[i], dtype=torch.float64)
+            proposal = Proposal(torch.zeros(rows, int(lengths.max()), dtype=torch.long), lengths, None, conf)
+        else:
+            proposal = Proposal.empty(rows)
+        scheduler.decide(proposal, ctx)
+        verified, accepted = [s[1] for s in stats], [s[2] for s in stats]
+        scheduler.observe(ctx, verified, accepted)
+        last = RoundTiming((last.index if last else 0) + 1, rows, tuple(1 + v for v in verified),
+                           float(np.mean([s.position for s in slots])), recorded, timing[0], timing[1], timing[2])
+        row.update(recorded=recorded, tokens=sum(s[3] for s in stats), seconds=float(sum(timing[:3])))
+        out.append(row)
+    return out, last
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a hardware-aware cell's run folder (records.jsonl[.gz])")
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--calibration", default=None, help="the STS calibration the cell used (its manifest says)")
+    ap.add_argument("--repeats", default="0", help="comma list, replayed in order through one scheduler")
+    ap.add_argument("--layout", default="padded")
+    args = ap.parse_args(argv)
+    records = read_records(args.run)
+    scheduler = schedulers.create_scheduler("hardware-aware", layout=args.layout, profile=args.profile,
+                                            calibration=args.calibration)
+    agree, total = 0, 0
+    for repeat in (int(x) for x in args.repeats.split(",")):
+        rows, _ = replay([r for r in records if r.repeat == repeat], scheduler)  # a session per repeat
+        for r in rows:
+            plan = (f"promise {r['promise']:.3f} width {r['width']} kappa {r['kappa']:.3f} first {r['first']:.2f} "
+                    f"{r['factors']}") if "promise" in r else ""
+            print(f"r{repeat} {r['round']:4d} R={r['rows']:<2d} engine {'D' if r['recorded'] else '.'} "
+                  f"replay {'D' if r['planned'] else '.'} {r['tokens']:3d} tok {r['seconds'] * 1000:6.1f} ms  {plan}")
+        agree += sum(r["recorded"] == r["planned"] for r in rows)
+        total += len(rows)
+    print(f"decisions that agree: {agree} of {total}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
