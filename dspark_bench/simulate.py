@@ -302,7 +302,7 @@ def clock_scales(records: Sequence[RequestRecord], profile: Profile, layout: str
                  vanilla: Sequence[RequestRecord] = ()) -> tuple[float, float]:
     """(drafted rounds' scale, vanilla steps' scale) for a replay of ``records`` (a fixed cell's). Vanilla steps
     are off their price by another factor than multi-token verifies (session 17b: at R = 32 the `none` cell's
-    steps ran at 1.98x their price, the fixed cell's verifies at 1.55x), so a simulated round that verifies no
+    steps ran at 2.02x their price, the fixed cell's verifies at 1.52x), so a simulated round that verifies no
     draft token is priced by the vanilla records' scale (``vanilla``: the level's `none` cell), else by the plain
     rounds of ``records``, else as a drafted one. 1 where there is nothing to measure."""
     drafted = clock_scale(records, profile, layout, True) or clock_scale(records, profile, layout) or 1.0
