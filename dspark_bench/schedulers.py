@@ -595,6 +595,7 @@ class HardwareAware(_Confident):
     _accepted_total: float = field(default=0.0, init=False, repr=False)
     early_stop: ClassVar[bool] = True
     last_plan: bool | None = field(default=None, init=False)
+    last_promise: float | None = field(default=None, init=False)  # the last plan's best Theta / a vanilla step's
     _counts: AcceptanceCounts = field(default_factory=AcceptanceCounts, init=False, repr=False)
     RECENT: ClassVar[int] = 64
     HALF_LIFE: ClassVar[float] = 6.0  # rounds: the weight of a recent row halves every 6 rounds of the engine
@@ -635,7 +636,7 @@ class HardwareAware(_Confident):
 
     def plan(self, ctx: DraftContext) -> bool:
         self._clock += 1
-        self.last_plan = True
+        self.last_plan, self.last_promise = True, None
         if not self.skip or not ctx.slots:
             return True
         rows, width = len(ctx.slots), ctx.block_size
@@ -652,6 +653,7 @@ class HardwareAware(_Confident):
         else:
             best = best_column(surv, np.full(rows, width), drafted, early_stop=False)[1]
             plain = rows / float(vanilla(np.asarray(0)))
+        self.last_promise = best / plain
         self.last_plan = bool(best > plain * (1.0 + self.margin))
         if not self.last_plan and self.adapt:
             skipped = self._skipped[rows] = self._skipped.get(rows, 0) + 1

@@ -1,6 +1,6 @@
 """Replay a recorded `hardware-aware` cell's inputs through a new scheduler and print, round by round, what it
-would plan against what the engine did: the promised throughput of drafting over a vanilla step (theta / plain,
-the plan's own numbers), kappa, the expected first-position survival and the corrections at that R.
+would plan against what the engine did: the promised throughput of drafting over a vanilla step (the plan's
+own ``last_promise``), kappa, the expected first-position survival and the corrections at that R.
 
 The scheduler is fed exactly what the engine gave it, from the records: each round's slots and positions, the
 previous round's timing (``ctx.last_round``), the drafter's proposal and confidences where the drafter ran, and
@@ -46,23 +46,19 @@ def ordered_rounds(records) -> list[list[tuple]]:
     return [sorted(nodes[k], key=lambda m: m[0].index) for k in order.static_order()]
 
 
-def replay(records, scheduler: schedulers.HardwareAware, block: int = 7, drafter: str = "dspark",
-           last: RoundTiming | None = None) -> tuple[list[dict], RoundTiming | None]:
-    """One dict per round: ``recorded`` and ``planned`` (drafted or not), ``tokens``, ``seconds``, ``rows`` and
-    the plan's numbers where it has measured a vanilla step at that R."""
-    out = []
+def replay(records, scheduler: schedulers.HardwareAware, block: int = 7, drafter: str = "dspark") -> list[dict]:
+    """One session's rounds (one repeat), one dict each: ``recorded`` and ``planned`` (drafted or not),
+    ``tokens``, ``seconds``, ``rows`` and, where the plan weighed drafting, its numbers."""
+    out, last = [], None
     for n, members in enumerate(ordered_rounds(records)):
         slots = [SimpleNamespace(request_id=rec.index, position=pos) for rec, _, pos in members]
         ctx = DraftContext(None, 1.0, block, slots, drafter=drafter, last_round=last)
         planned = scheduler.plan(ctx)
         rows = len(slots)
         row = {"round": n, "rows": rows, "planned": planned}
-        if (rows, "plain") in scheduler._factors:
-            vanilla, drafted = scheduler._round_seconds(ctx, drafted=False), scheduler._round_seconds(ctx)
-            surv = (scheduler._expected_survival(ctx) * scheduler.kappa()).clip(0.0, 1.0)
-            width, theta = schedulers.best_column(surv, np.full(rows, block), drafted, early_stop=False)
-            row.update(promise=theta / (rows / float(vanilla(np.asarray(0)))), width=int(width),
-                       kappa=scheduler.kappa(), first=float(surv[0][0]),
+        if scheduler.last_promise is not None:  # the plan weighed drafting against a vanilla step
+            first = min(float(scheduler._expected_survival(ctx)[0][0] * scheduler.kappa()), 1.0)
+            row.update(promise=scheduler.last_promise, kappa=scheduler.kappa(), first=first,
                        factors={p: round(v, 3) for (r, p), v in scheduler._factors.items() if r == rows})
         stats = [rec.rounds[i] for rec, i, _ in members]
         timing = members[0][0].timings[members[0][1]]
@@ -84,7 +80,7 @@ def replay(records, scheduler: schedulers.HardwareAware, block: int = 7, drafter
                            float(np.mean([s.position for s in slots])), recorded, timing[0], timing[1], timing[2])
         row.update(recorded=recorded, tokens=sum(s[3] for s in stats), seconds=float(sum(timing[:3])))
         out.append(row)
-    return out, last
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                                             calibration=args.calibration)
     agree, total = 0, 0
     for repeat in (int(x) for x in args.repeats.split(",")):
-        rows, _ = replay([r for r in records if r.repeat == repeat], scheduler)  # a session per repeat
+        rows = replay([r for r in records if r.repeat == repeat], scheduler)  # a session per repeat
         for r in rows:
-            plan = (f"promise {r['promise']:.3f} width {r['width']} kappa {r['kappa']:.3f} first {r['first']:.2f} "
+            plan = (f"promise {r['promise']:.3f} kappa {r['kappa']:.3f} first {r['first']:.2f} "
                     f"{r['factors']}") if "promise" in r else ""
             print(f"r{repeat} {r['round']:4d} R={r['rows']:<2d} engine {'D' if r['recorded'] else '.'} "
                   f"replay {'D' if r['planned'] else '.'} {r['tokens']:3d} tok {r['seconds'] * 1000:6.1f} ms  {plan}")

@@ -97,6 +97,6 @@ def test_a_hardware_aware_run_replays_from_its_records_decision_for_decision(tmp
     loader.loader.exec_module(replay)
     calibration = read_manifest(tmp_path / "run")["drafters"]["dspark"]["scheduler_options"].get("calibration")
     sched = create_scheduler("hardware-aware", profile=str(tmp_path / "profile.json"), calibration=calibration)
-    rows = [row for k in (0, 1) for row in replay.replay([r for r in records if r.repeat == k], sched)[0]]
+    rows = [row for k in (0, 1) for row in replay.replay([r for r in records if r.repeat == k], sched)]
     assert {row["recorded"] for row in rows} == {True, False}  # it drafted some rounds and skipped others
     assert [row["planned"] for row in rows] == [row["recorded"] for row in rows]
