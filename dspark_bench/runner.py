@@ -241,8 +241,8 @@ class Run:
         """One short untimed generation per drafter (allocator, kernels, caches), not recorded. It decodes with a
         copy of the run's scheduler (:meth:`~dspark_bench.schedulers.Scheduler.warmup_copy`): an adapting
         scheduler learns prices and acceptance from every round it sees, and the warmup's are cold and unrecorded
-        (until session 18 they taught the run's scheduler; a replay of its decisions from the records,
-        ``scripts/sched_replay.py``, diverged at R = 1 because the warmup had advanced its retry count)."""
+        (until session 18 they taught the run's scheduler: it took the vanilla step that measures a vanilla
+        step's price at R = 1 in the warmup, and the warmup's rows of confidences entered its expectations)."""
         probe = [dataclasses.replace(requests[0], request_id=-1)]
         for engine in engines.values():
             short = dataclasses.replace(engine.config, max_new_tokens=min(8, engine.config.max_new_tokens))

@@ -607,6 +607,10 @@ class HardwareAware(_Confident):
     _changes: int = field(default=0, init=False, repr=False)  # counts what _expected depends on changing
     _clock: int = field(default=0, init=False, repr=False)  # plans so far: one a round
     _recent: deque = field(default_factory=lambda: deque(maxlen=HardwareAware.RECENT), init=False, repr=False)
+    LONG_RUN: ClassVar[int] = 512  # rows of confidences behind the run's mean survival, which a new request gets
+    PRIOR_ROWS: ClassVar[float] = 6.0  # the run's mean's weight beside the batch's own rows (_expected_survival)
+    _rows: deque = field(default_factory=lambda: deque(maxlen=HardwareAware.LONG_RUN), init=False, repr=False)
+    _seen: dict = field(default_factory=dict, init=False, repr=False)  # request id -> (admission, last position)
 
     def __post_init__(self):
         super().__post_init__()
@@ -621,7 +625,10 @@ class HardwareAware(_Confident):
             return proposal.lengths.clone()
         if proposal.confidence is not None:
             surv = self._survival(proposal)
-            self._recent.extend((self._clock, self._pending[r, : int(n)].copy()) for r, n in enumerate(lengths) if n > 0)
+            keys = self._requests(ctx)
+            rows = [(self._clock, keys[r], self._pending[r, : int(n)].copy()) for r, n in enumerate(lengths) if n > 0]
+            self._recent.extend(rows)
+            self._rows.extend(row for _, _, row in rows)
             self._changes += 1
         else:
             surv = self._measured_survival(lengths)
@@ -688,34 +695,71 @@ class HardwareAware(_Confident):
         return survival(np.tile(self._counts.conditional(int(lengths.max()), self.prior), (len(lengths), 1)),
                         lengths)
 
+    def _requests(self, ctx: DraftContext) -> list[tuple]:
+        """A key per slot naming the request in it: its id and its admission. An engine gives a request the same
+        id in every repeat of a run, and one scheduler serves every repeat, so a slot whose position went back is
+        a new request (a request's position only grows)."""
+        keys = []
+        for slot in ctx.slots:
+            admission, last = self._seen.get(slot.request_id, (0, None))
+            if last is not None and slot.position < last:
+                admission += 1
+            self._seen[slot.request_id] = admission, slot.position
+            keys.append((slot.request_id, admission))
+        return keys
+
     def _expected_survival(self, ctx: DraftContext) -> np.ndarray:
-        """[R, block] survivals a round drafted now is expected to offer every request: the mean survival of the
-        last ``RECENT`` rows of confidences proposed (any request's), through today's calibration, each row weighed
-        by its age in rounds (halved every ``HALF_LIFE``); the measured survival ``h`` before any (or for a drafter
-        that predicts no confidences). The weights make a retry's rows count after a long skip: unweighted, the
-        rows of the last drafted stretch stood for prompts long gone (session 17, R = 1: drafting stopped on AIME
-        2025, where drafts lost, and one retry's row in 64 could not show that on HumanEval they paid 28%; the
-        scheduler skipped all of it). Not each request's own last
-        confidences: drafting where the last round was confident selects on a high draw that the next round
-        does not repeat (measured, session 16: at R = 4 the rounds so chosen cost 137 ms for 6.7 tokens, 49
-        tokens/s against the 57 of vanilla steps), and a skipped request's confidences never refresh."""
+        """[R, block] survivals a round drafted now is expected to offer every request: the mean over the batch of
+        each request's expectation. A request in the batch that proposed confidences among the last ``RECENT``
+        rows expects their mean survival, the rows of every such request pooled and each row weighed by its age in
+        rounds (halved every ``HALF_LIFE``), through today's calibration, with the run's mean survival over its
+        last ``LONG_RUN`` rows of any request beside them at the weight of ``PRIOR_ROWS`` rows. A request with no
+        such row, one just admitted, expects the run's mean; before any row (or for a drafter that predicts no
+        confidences), the measured survival ``h``. The run's mean keeps one unlucky first round from deciding for
+        a new request: simulated on the five committed sweeps since session 16, the batch's own rows alone lost up
+        to 4% at R = 1 where drafting pays (``baselines/scheduling-smollm2/README.md``, session 19).
+
+        The rows of requests that have left the batch stand for prompts that are gone. Until session 18 they
+        stood for the new ones: in session 18's sweep at R = 2, the second repeat began on the rows of the first
+        repeat's last, hard requests (first-position survival 0.23, drafting promised 0.95 of a vanilla step),
+        and the scheduler skipped its first 65 rounds, with new requests in the batch, where drafting paid 15%.
+        The weights make a retry's rows count after a long skip: unweighted, the rows of the last drafted
+        stretch stood for the request long after it had changed (session 17, R = 1: drafting stopped on AIME
+        2025, where drafts lost, and one retry's row in 64 could not show that on HumanEval they paid 28%).
+        Not each request's own last confidences: drafting where the last round was confident selects on a high
+        draw that the next round does not repeat (measured, session 16: at R = 4 the rounds so chosen cost 137 ms
+        for 6.7 tokens, 49 tokens/s against the 57 of vanilla steps), and a skipped request's confidences never
+        refresh."""
         rows, width = len(ctx.slots), ctx.block_size
+        keys = self._requests(ctx)
         if not self._recent:
             return self._measured_survival(np.full(rows, width))
         key = (self._changes, width)  # unchanged while the scheduler skips: computed once, not every vanilla step
         if self._expected is None or self._expected[0] != key:
             self._expected = key, *self._row_survivals(width)
-        _, stamps, surv = self._expected
-        weights = 0.5 ** ((stamps.max() - stamps) / self.HALF_LIFE)  # ages from the newest row: it weighs 1
-        return np.tile(weights @ surv / weights.sum(), (rows, 1))
+        _, stamps, owners, surv, overall = self._expected
+        live = set(keys)
+        mine = np.array([o in live for o in owners], dtype=bool)
+        known = len(live & set(owners))  # requests in the batch with recent rows (the keys of a batch differ)
+        if not known:
+            return np.tile(overall, (rows, 1))
+        weights = 0.5 ** ((stamps[mine].max() - stamps[mine]) / self.HALF_LIFE)  # ages from the newest row: it weighs 1
+        recent = (weights @ surv[mine] + self.PRIOR_ROWS * overall) / (weights.sum() + self.PRIOR_ROWS)
+        return np.tile((known * recent + (rows - known) * overall) / rows, (rows, 1))
 
-    def _row_survivals(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """The recent rows' rounds [n] and survivals [n, width], through today's calibration."""
-        conf, held = np.zeros((len(self._recent), width)), np.zeros((len(self._recent), width), dtype=bool)
-        for i, (_, row) in enumerate(self._recent):
-            conf[i, : len(row[:width])], held[i, : len(row[:width])] = row[:width], True
-        mapped = np.where(held, self._online.map(conf) if self.recalibrate else conf, 0.0)
-        return np.array([t for t, _ in self._recent], dtype=np.float64), np.cumprod(mapped, axis=1)
+    def _row_survivals(self, width: int) -> tuple[np.ndarray, list, np.ndarray, np.ndarray]:
+        """The recent rows' rounds [n], requests [n] and survivals [n, width], and the mean survival [width] of the
+        last ``LONG_RUN`` rows, all through today's calibration."""
+
+        def survivals(rows) -> np.ndarray:
+            conf, held = np.zeros((len(rows), width)), np.zeros((len(rows), width), dtype=bool)
+            for i, row in enumerate(rows):
+                conf[i, : len(row[:width])], held[i, : len(row[:width])] = row[:width], True
+            mapped = np.where(held, self._online.map(conf) if self.recalibrate else conf, 0.0)
+            return np.cumprod(mapped, axis=1)
+
+        return (np.array([t for t, _, _ in self._recent], dtype=np.float64), [k for _, k, _ in self._recent],
+                survivals([row for _, _, row in self._recent]), survivals(self._rows).mean(axis=0))
 
 
 class _Retrospective(HardwareAware):

@@ -5,12 +5,16 @@ own ``last_promise``), kappa, the expected first-position survival and the corre
 The scheduler is fed exactly what the engine gave it, from the records: each round's slots and positions, the
 previous round's timing (``ctx.last_round``), the drafter's proposal and confidences where the drafter ran, and
 the verified and accepted counts. A round's rows share one timing row, which joins them into the round; rounds
-are put in order by each request's own sequence. Where the records hold every input, the replay plans what the
-engine planned: on session 18's sweep at R = 2, repeat 0 (`--repeats 0`), 350 of 351 rounds agree, the other
-being the first vanilla step, which the run's warmup had taken (until session 18 the warmup decoded with the
-run's own scheduler; now it decodes with a copy). Repeat 1 there diverges from round 11 on (116 of 424 rounds),
-for a reason not found. A drafter that may propose nothing (``ngram``) leaves rounds the plan let it draft
-looking like skipped ones: the records cannot tell them apart.
+are put in order by each request's own sequence and by the requests still queued (:func:`ordered_rounds`).
+
+The replay runs the scheduler of the checkout it runs in: to replay a committed sweep, run it in a checkout of
+the sweep's commit (``commit.txt``; e.g. ``git worktree add``). So run, it plans what the engine planned: on
+session 18's sweep, every round of both repeats at R = 2 to 32 (775, 345, 247, 124 and 62 rounds) and all but
+one of 1,945 at R = 1, the first vanilla step, which the run's warmup had taken (until session 18 the warmup
+decoded with the run's own scheduler; now it decodes with a copy). Until session 19 the rounds of two stretches
+that share no request were put in any order, and the replay seemed to diverge from the engine (at R = 2 in 116
+of 424 rounds of repeat 1, at R = 1 in 149 of 968 of repeat 0). A drafter that may propose nothing (``ngram``)
+leaves rounds the plan let it draft looking like skipped ones: the records cannot tell them apart.
 
     python scripts/sched_replay.py CELL_RUN_FOLDER --profile PROFILE [--calibration CAL] [--repeats 0,1]
 """
@@ -28,30 +32,57 @@ import torch
 
 from dspark_bench import schedulers
 from dspark_bench.drafters.base import DraftContext, Proposal, RoundTiming
-from dspark_bench.results import read_records
+from dspark_bench.results import read_manifest, read_records
 
 
-def ordered_rounds(records) -> list[list[tuple]]:
-    """The engine's rounds in order, each a list of (record, round index, position at the round's start) in
-    request order."""
+def ordered_rounds(records, queue: list[tuple[str, str]] | None = None) -> list[list[tuple]]:
+    """The engine's rounds in the order it ran them, each a list of (record, round index, position at the round's
+    start) in the batch's order. ``queue``: the run's (dataset, prompt_id) in queue order (its manifest's
+    ``prompts``), the order requests joined the batch; without it, by index within the dataset.
+
+    A round's rows share one timing row, which joins them into one round, and each request's rounds follow one
+    another. That alone does not order two stretches of rounds that share no request (two requests that ended in
+    the same round, two new ones admitted in their place), so among the rounds that may come next the one with
+    the most requests still queued goes first: the queue only shrinks, and while it holds the same number every
+    round runs the same requests."""
+    rank = {key: i for i, key in enumerate(queue or [])}
+
+    def joined(rec) -> tuple:
+        return (rank[(rec.dataset, rec.prompt_id)],) if queue else (rec.dataset, rec.index)
+
     nodes: dict[tuple, list] = {}
     order = TopologicalSorter()
-    for rec in sorted(records, key=lambda r: r.index):
+    for rec in records:
         prev, pos = None, rec.prompt_len
         for i, (stats, timing) in enumerate(zip(rec.rounds, rec.timings, strict=True)):
             key = tuple(timing)
             nodes.setdefault(key, []).append((rec, i, pos))
             order.add(key, *([prev] if prev is not None else []))
             prev, pos = key, pos + stats[3]
-    return [sorted(nodes[k], key=lambda m: m[0].index) for k in order.static_order()]
+
+    def queued(key) -> int:
+        rec, i, _ = nodes[key][0]
+        return rec.waiting[i] if rec.waiting else 0
+
+    order.prepare()
+    ready, out = [], []
+    while order.is_active():
+        ready.extend(order.get_ready())
+        key = min(ready, key=lambda k: (-queued(k), min(joined(m[0]) for m in nodes[k])))
+        ready.remove(key)
+        out.append(sorted(nodes[key], key=lambda m: joined(m[0])))
+        order.done(key)
+    return out
 
 
-def replay(records, scheduler: schedulers.HardwareAware, block: int = 7, drafter: str = "dspark") -> list[dict]:
-    """One session's rounds (one repeat), one dict each: ``recorded`` and ``planned`` (drafted or not),
-    ``tokens``, ``seconds``, ``rows`` and, where the plan weighed drafting, its numbers."""
+def replay(records, scheduler: schedulers.HardwareAware, block: int = 7, drafter: str = "dspark",
+           queue: list[tuple[str, str]] | None = None) -> list[dict]:
+    """One session's rounds (one repeat; ``queue``: :func:`ordered_rounds`), one dict each: ``recorded`` and
+    ``planned`` (drafted or not), ``tokens``, ``seconds``, ``rows`` and, where the plan weighed drafting, its
+    numbers."""
     out, last = [], None
-    for n, members in enumerate(ordered_rounds(records)):
-        slots = [SimpleNamespace(request_id=rec.index, position=pos) for rec, _, pos in members]
+    for n, members in enumerate(ordered_rounds(records, queue)):
+        slots = [SimpleNamespace(request_id=(rec.dataset, rec.prompt_id), position=pos) for rec, _, pos in members]
         ctx = DraftContext(None, 1.0, block, slots, drafter=drafter, last_round=last)
         planned = scheduler.plan(ctx)
         rows = len(slots)
@@ -92,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layout", default="padded")
     args = ap.parse_args(argv)
     records = read_records(args.run)
+    queue = [(p["dataset"], p["prompt_id"]) for p in read_manifest(args.run).get("prompts", [])] or None
     scheduler = schedulers.create_scheduler("hardware-aware", layout=args.layout, profile=args.profile,
                                             calibration=args.calibration)
     agree, total = 0, 0
     for repeat in (int(x) for x in args.repeats.split(",")):
-        rows = replay([r for r in records if r.repeat == repeat], scheduler)  # a session per repeat
+        rows = replay([r for r in records if r.repeat == repeat], scheduler, queue=queue)  # a session per repeat
         for r in rows:
             plan = (f"promise {r['promise']:.3f} kappa {r['kappa']:.3f} first {r['first']:.2f} "
                     f"{r['factors']}") if "promise" in r else ""

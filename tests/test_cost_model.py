@@ -593,6 +593,37 @@ def test_after_a_long_skip_the_rows_of_a_retry_outweigh_the_stale_ones(monkeypat
         assert waited > 20 and sched.plan(ctx) is resumes
 
 
+def test_a_new_request_expects_the_runs_mean_survival_not_the_rows_of_the_requests_it_replaced():
+    """Session 18's sweep at R = 2: the second repeat began on the rows of the first repeat's last, hard
+    requests, and the scheduler skipped 65 rounds of new requests whose drafts paid. Here two requests draft 30
+    rounds with confidences 0.9, then 40 rounds with 0.1 (drafting stops: a propose costs 60% of a step), then a
+    new repeat admits new requests under the same ids (their positions start over): they expect the run's mean
+    survival, and drafting resumes at once. A request that stays in the batch keeps its own rows."""
+
+    def proposal(c: float) -> Proposal:
+        return Proposal(torch.zeros(2, 4, dtype=torch.long), torch.full((2,), 4), None, torch.full((2, 4), c))
+
+    sched = HardwareAware(profile=_costed(0.6), layout="padded", recalibrate=False, measure=False)
+    plans = []
+    for n, c in enumerate([0.9] * 30 + [0.1] * 40):
+        ctx = DraftContext(None, 1.0, 4, [_Slot(0, 20 + n), _Slot(1, 20 + n)], drafter="d")
+        plans.append(sched.plan(ctx))
+        if plans[-1]:
+            sched.decide(proposal(c), ctx)
+            sched.observe(ctx, [4, 4], [0, 0])
+    assert all(plans[:30]) and not any(plans[-5:])  # it drafted the confident stretch, then stopped
+    stale = sched._expected_survival(DraftContext(None, 1.0, 4, [_Slot(0, 90), _Slot(1, 90)], drafter="d"))
+    one_new = DraftContext(None, 1.0, 4, [_Slot(0, 91), _Slot(7, 12)], drafter="d")  # request 0 stays
+    mixed = sched._expected_survival(one_new)[0]
+    new = DraftContext(None, 1.0, 4, [_Slot(0, 12), _Slot(1, 12)], drafter="d")  # the next repeat: ids reused
+    fresh = sched._expected_survival(new)
+    held = np.array([np.cumprod([c] * 4) for c in [0.9] * 30 * 2 + [0.1] * 2 * sum(plans[30:])])
+    assert fresh[0] == pytest.approx(held.mean(axis=0))  # the mean of every row the run proposed
+    assert fresh[0, 0] > 2 * stale[0, 0]
+    assert stale[0, 0] < mixed[0] < fresh[0, 0]
+    assert sched.plan(new)
+
+
 def test_the_simulation_prices_vanilla_steps_by_the_none_cells_own_clock():
     """Session 17b's committed sweep at R = 32: the `none` cell's steps ran further off the profile's price than
     the fixed cell's verifies. `hardware-aware` never drafted there, so it ran the `none` cell's steps: a replay

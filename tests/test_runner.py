@@ -71,6 +71,32 @@ def test_the_warmup_teaches_the_runs_scheduler_nothing_but_keeps_its_measured_pr
     assert sched._table is not None  # the profile the warmup's copy measured
 
 
+def test_the_replay_orders_rounds_that_share_no_request_by_what_was_still_queued():
+    """At one request, or wherever every request of a batch ends in the same round, two stretches of rounds share
+    no request, and nothing in their timings orders them. Session 18's replay put such stretches out of order (its
+    R = 1 and R = 2 cells seemed to diverge from the engine in up to 116 of 424 rounds); the requests still queued
+    at each round order them, since the queue only shrinks."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    root = Path(__file__).resolve().parents[1]
+    loader = importlib.util.spec_from_file_location("sched_replay", root / "scripts" / "sched_replay.py")
+    replay = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(replay)
+
+    def record(dataset: str, prompt_id: str, index: int, waiting: int, first: float) -> SimpleNamespace:
+        timings = [(first + k, 0.1, 0.01) for k in range(3)]  # three rounds, each its own timing row
+        return SimpleNamespace(dataset=dataset, prompt_id=prompt_id, index=index, prompt_len=5,
+                               rounds=[(7, 7, 1, 2)] * 3, timings=timings, waiting=(waiting,) * 3)
+
+    queue = [("math", "q7"), ("code", "q0"), ("chat", "q3")]  # the run's queue: neither alphabetical nor by index
+    records = [record("chat", "q3", 3, 0, 30.0), record("code", "q0", 0, 1, 20.0), record("math", "q7", 7, 2, 10.0)]
+    for known in (queue, None):
+        order = [(m[0].prompt_id, m[1]) for members in replay.ordered_rounds(records, known) for m in members]
+        assert order == [(p, i) for p in ("q7", "q0", "q3") for i in range(3)]
+
+
 def test_a_hardware_aware_run_replays_from_its_records_decision_for_decision(tmp_path, monkeypatch):
     """scripts/sched_replay.py feeds a new scheduler what the engine gave the run's (slots, the last round's
     timing, proposals with their confidences, verified and accepted counts), all from the records: it plans what
