@@ -10,7 +10,10 @@
 # 11 GB, a training's resume checkpoint 50-180 MB), so it resumes across sessions only where the machine is kept:
 # put ROOT outside the work tree (e.g. /work/dspark-train), which a new session may lay anew. Settings
 # (environment): METHODS (any of dspark dflash eagle3 mtp; default all four), STEPS=4800, VOCAB=8192,
-# DATA=data/smollm2/train-6k, FEATURES=ROOT/features/train-6k, GENERATE=1 (0: use DATA as it is), BIN=.venv/bin.
+# DATA=data/smollm2/train-6k, FEATURES=ROOT/features/train-6k, GENERATE=1 (0: use DATA as it is), BIN=.venv/bin,
+# RUN=smollm2-6k (the runs' folder under ROOT/runs), SEED=42 (data order and anchors), INIT (a folder holding one
+# checkpoint per method, e.g. baselines/drafters/smollm2-135m: each run starts from INIT/<method>'s weights with
+# its own warm-up and cosine, a longer budget in a second run; default: fresh weights).
 # fp32 throughout: on a CPU without AVX-512-BF16 the bf16 target is many times slower (RECIPE section 5: a
 # training step 15x, the feature pass over 4x).
 set -euo pipefail
@@ -18,7 +21,7 @@ cd "$(dirname "$0")/.."
 ROOT=${1:-.}
 BIN=${BIN:-.venv/bin}
 D=${DATA:-data/smollm2/train-6k}
-R=$ROOT/runs/smollm2-6k
+R=$ROOT/runs/${RUN:-smollm2-6k}
 F=${FEATURES:-$ROOT/features/train-6k}
 STEPS=${STEPS:-4800}
 VOCAB=${VOCAB:-8192}
@@ -32,7 +35,12 @@ opts() {  # the architecture of each method, as in scripts/cpu_reference.sh
     *) echo "unknown method $1 (methods: dspark dflash eagle3 mtp)" >&2; return 2 ;;
   esac
 }
-for m in "${M[@]}"; do opts "$m" > /dev/null; done  # bad input fails before any work
+for m in "${M[@]}"; do  # bad input fails before any work
+  opts "$m" > /dev/null
+  if [ -n "${INIT:-}" ] && [ ! -f "$INIT/$m/model.safetensors" ]; then
+    echo "INIT=$INIT holds no $m checkpoint ($INIT/$m/model.safetensors)" >&2; exit 2
+  fi
+done
 mkdir -p "$R"
 
 # 1. The data: complete the 48 shards (committed shards are kept; a shard depends only on its prompts and index).
@@ -44,11 +52,14 @@ fi
 $BIN/dspark-bench data features --data "$D" --out "$F" --dtype fp32 --threads 2
 
 # 3. Same sequences, order, steps and scored predictions for every method; two lanes of one thread each.
-S=(--data "$D" --features "$F" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed 42 --save-every 200 --dtype fp32 --threads 1
-   --num-anchors 32 --draft-vocab "$VOCAB" --resume)
+S=(--data "$D" --features "$F" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed "${SEED:-42}" --save-every 200
+   --dtype fp32 --threads 1 --num-anchors 32 --draft-vocab "$VOCAB" --resume)
 train() {  # train METHOD: one run folder per method
+  local init=()
+  if [ -n "${INIT:-}" ]; then init=(--init-from "$INIT/$1"); fi
   # shellcheck disable=SC2046 # opts prints the method's options, split on purpose
-  OMP_NUM_THREADS=1 $BIN/dspark-bench train --method "$1" --out "$R/$1" "${S[@]}" $(opts "$1") >> "$R/$1.log" 2>&1
+  OMP_NUM_THREADS=1 $BIN/dspark-bench train --method "$1" --out "$R/$1" "${S[@]}" "${init[@]}" $(opts "$1") \
+    >> "$R/$1.log" 2>&1
 }
 lane() {  # lane OFFSET: every second method from OFFSET
   local i

@@ -290,6 +290,54 @@ def test_resume_is_bit_exact(target, tmp_path):
     assert [p.name for p in trainer.completed_checkpoints(tmp_path / "b")] == ["step-000003", "step-000006"]
 
 
+def test_init_from_starts_a_new_run_from_a_checkpoints_weights_and_refuses_one_that_does_not_fit(target, tmp_path):
+    seqs = sequences(6, seed=2)
+    options = methods.MethodOptions(num_anchors=8, markov_rank=8, draft_vocab=40)
+    m = methods.method("dspark")
+    source = features.OnlineFeatures(target, m.taps(target, options))
+    base = trainer.TrainConfig("dspark", steps=3, batch_size=3, lr=3e-3, warmup=1, save_every=100, options=options)
+    first = trainer.train(base, m, target, seqs, source, tmp_path / "first")
+    start = trainer.init_source(first)
+    assert start["folder"] == str(first) and len(start["model_sha256"]) == 64
+
+    # the module starts from exactly the checkpoint's weights, not fresh ones
+    init = replace(base, lr=1e-12, warmup=0, init_from=start)
+    module = trainer.Trainer(init, m, target, seqs, source, tmp_path / "x").module
+    fresh = {k: v.clone() for k, v in module.state_dict().items()}
+    built = trainer.Trainer(init, m, target, seqs, source, tmp_path / "y")
+    built.initialise(start)
+    saved = _weights(first)
+    assert all(torch.equal(built.module.state_dict()[k].cpu(), saved[k]) for k in saved)
+    assert any(not torch.equal(fresh[k].cpu(), saved[k]) for k in saved)
+    # train() does the same at step 0 (a learning rate of 1e-12 leaves the weights where they started)
+    second = trainer.train(replace(init, steps=1), m, target, seqs, source, tmp_path / "second")
+    after = _weights(second)
+    assert all(torch.allclose(after[k].float(), saved[k].float(), atol=1e-6) for k in saved)
+    assert json.loads((tmp_path / "second" / "train_config.json").read_text())["init_from"] == start
+    with pytest.raises(trainer.TrainError, match="init_from"):  # resuming with another start is refused
+        trainer.train(replace(init, steps=1, init_from=None), m, target, seqs, source, tmp_path / "second",
+                      resume=True)
+
+    with pytest.raises(trainer.TrainError, match="'dspark' drafter; --init-from needs a 'dflash' one"):
+        trainer.Trainer(replace(base, method="dflash"), methods.method("dflash"), target, seqs, source,
+                        tmp_path / "z").initialise(start)
+    with pytest.raises(trainer.TrainError, match="architecture differs in num_layers"):
+        trainer.Trainer(replace(base, options=replace(options, num_layers=2)), m, target, seqs, source,
+                        tmp_path / "z").initialise(start)
+    with pytest.raises(trainer.TrainError, match="it drafts over 40 tokens, this run over 24 tokens"):
+        trainer.Trainer(replace(base, options=replace(options, draft_vocab=24)), m, target, seqs, source,
+                        tmp_path / "z").initialise(start)
+    with pytest.raises(trainer.TrainError, match="this run over the full vocabulary"):
+        trainer.Trainer(replace(base, options=replace(options, draft_vocab=0)), m, target, seqs, source,
+                        tmp_path / "z").initialise(start)
+    with pytest.raises(trainer.TrainError, match="not a drafter checkpoint"):
+        trainer.init_source(tmp_path)
+    with (first / "model.safetensors").open("ab") as f:  # the checkpoint changed after the run recorded it
+        f.write(b"\0")
+    with pytest.raises(trainer.TrainError, match="changed since this run was started"):
+        built.initialise(start)
+
+
 @pytest.mark.parametrize("name", ["dspark", "dflash", "eagle3", "mtp"])
 def test_each_method_lowers_its_loss(target, tmp_path, name):
     from dspark_bench.drafters import registry
@@ -322,6 +370,9 @@ def test_cli_prompts_and_clear_errors(tmp_path):
     result = runner.invoke(cli, ["train", "--method", "dspark", "--data", str(tmp_path / "none"), "--out",
                                  str(tmp_path / "run")])
     assert result.exit_code == 2 and "training-data folder" in " ".join(result.output.split())
+    result = runner.invoke(cli, ["train", "--method", "dspark", "--data", str(tmp_path / "none"), "--out",
+                                 str(tmp_path / "run"), "--init-from", str(tmp_path)])
+    assert result.exit_code == 2 and "not a drafter checkpoint" in " ".join(result.output.split())
 
 
 def test_resume_accepts_the_same_data_folder_spelled_differently():

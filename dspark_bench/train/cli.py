@@ -261,20 +261,24 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
 @click.option("--max-length", default=2048, show_default=True, type=int)
 @click.option("--target", default=None, help="Default: the target that generated the data.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --out.")
+@click.option("--init-from", default=None, metavar="FOLDER",
+              help="Start from this drafter checkpoint's weights (same method, target, architecture and draft "
+                   "vocabulary), e.g. a shipped drafter given more steps: a new run with its own warm-up and cosine.")
 @_DEVICE
 @_DTYPE
 @_THREADS
 @_friendly
 def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, lr, warmup, num_anchors, block_size,
           decay_gamma, num_layers, markov_rank, markov_head, ttt_length, taps, draft_vocab, seed, save_every, max_length,
-          target, resume, device, dtype, threads):
+          target, resume, init_from, device, dtype, threads):
     """Train a drafter on target-regenerated data (AdamW, warm-up + cosine, exact resume)."""
     from dspark_bench.train.data import load_sequences
     from dspark_bench.train.methods import MethodOptions
     from dspark_bench.train.methods import method as get_method
-    from dspark_bench.train.trainer import TrainConfig
+    from dspark_bench.train.trainer import TrainConfig, init_source
     from dspark_bench.train.trainer import train as run_training
 
+    start = init_source(init_from) if init_from else None  # a bad folder fails before the target loads
     m, dev = get_method(method), _device(device, threads)
     options = MethodOptions(num_layers, markov_rank, block_size, num_anchors, decay_gamma, ttt_length, seed,
                             _taps_option(taps), markov_head, draft_vocab)
@@ -284,9 +288,10 @@ def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, l
     provenance = {"folder": str(data_dir), "manifest_sha256": _manifest_hash(data_dir), "sequences": len(seqs),
                   "features": where, "max_length": max_length}
     config = TrainConfig(method, steps, batch_size, micro_batch, lr, warmup, save_every, seed=seed,
-                         options=options, data=provenance)
+                         options=options, data=provenance, init_from=start)
     console.print(f"training [bold]{method}[/] on {len(seqs)} sequences ({where} features), "
-                  f"{m.used(options)}, {steps} steps x {batch_size} sequences")
+                  f"{m.used(options)}, {steps} steps x {batch_size} sequences"
+                  + (f", from the weights of {init_from}" if init_from else ""))
     with _progress(f"training {method}") as progress:
         task = progress.add_task("", total=steps)
 

@@ -10,6 +10,9 @@ Determinism. The sequences of step s are a pure function of (seed, s) (:func:`ba
 the engine), the optimizer, scheduler and generator states and the step, so ``resume`` continues bit-exactly
 where the last checkpoint left off (on the same device).
 
+Continued training: ``init_from`` starts a new run (fresh optimizer, warm-up and cosine) from a drafter
+checkpoint's weights, e.g. a shipped drafter given a longer budget; the run records the checkpoint's sha256.
+
 Output folder: ``train_config.json`` (checked on resume), ``train_log.jsonl`` (one line per step),
 ``checkpoints/step-NNNNNN/`` (``config.json``, ``model.safetensors``, ``training_state.pt``; the last
 ``keep_checkpoints`` are kept) and ``final/`` (the trained drafter).
@@ -56,6 +59,7 @@ class TrainConfig:
     seed: int = 42
     options: MethodOptions = field(default_factory=MethodOptions)
     data: dict[str, Any] = field(default_factory=dict)  # provenance: data folder, its manifest hash, features
+    init_from: dict[str, str] | None = None  # start from a drafter checkpoint's weights: {folder, model_sha256}
 
     def __post_init__(self) -> None:
         counts = (self.steps, self.batch_size, self.save_every, self.keep_checkpoints)
@@ -188,6 +192,38 @@ class Trainer:
             shutil.rmtree(old)
         return folder
 
+    def initialise(self, source: dict[str, str]) -> None:
+        """Start from the weights of the drafter checkpoint ``source`` (see :func:`init_source`) instead of fresh
+        ones: same method, target, architecture and draft vocabulary, or a :class:`TrainError` that names the
+        difference. The optimizer, schedule and data order start fresh: a new run, not a resume."""
+        from dspark_bench.drafters import checkpoint
+        from dspark_bench.drafters.vocab import STATE_KEY
+
+        folder = Path(source["folder"])
+        if init_source(folder) != source:
+            raise TrainError(f"{folder} changed since this run was started from it (model.safetensors' sha256 "
+                             f"differs from the run's train_config.json)")
+        meta, state = checkpoint.load(folder)
+        if meta.get("method") != self.method.name:
+            raise TrainError(f"{folder} holds a {meta.get('method')!r} drafter; --init-from needs a "
+                             f"{self.method.name!r} one")
+        try:
+            checkpoint.check_target(meta, self.target)
+        except checkpoint.CheckpointError as exc:
+            raise TrainError(f"cannot start from {folder}: {exc}") from None
+        have, want = _json(meta.get("config")), _json(_arch(self.module))
+        diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+        if diff:
+            raise TrainError(f"cannot start from {folder}: its architecture differs in {', '.join(diff)} "
+                             f"(checkpoint {json.dumps({k: have.get(k) for k in diff})}, "
+                             f"this run {json.dumps({k: want.get(k) for k in diff})})")
+        mine, theirs = getattr(self.module, STATE_KEY, None), state.get(STATE_KEY)
+        if (mine is None) != (theirs is None) or (mine is not None and not torch.equal(mine.cpu(), theirs.long())):
+            sizes = [f"{len(x)} tokens" if x is not None else "the full vocabulary" for x in (theirs, mine)]
+            raise TrainError(f"cannot start from {folder}: it drafts over {sizes[0]}, this run over {sizes[1]} "
+                             f"(--draft-vocab and the data decide the list; they must give the checkpoint's)")
+        self.module.load_state_dict({k: v.to(self.device) for k, v in state.items()}, strict=True)
+
     def restore(self, folder: Path) -> None:
         from safetensors.torch import load_file
 
@@ -198,6 +234,33 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.step = int(state["step"])
+
+
+def init_source(folder: str | Path) -> dict[str, str]:
+    """What ``--init-from FOLDER`` records: the folder and the sha256 of its ``model.safetensors``."""
+    import hashlib
+
+    path = Path(folder)
+    weights = path / "model.safetensors"
+    if not (path / "config.json").is_file() or not weights.is_file():
+        raise TrainError(f"--init-from {path}: not a drafter checkpoint (it needs config.json and model.safetensors)")
+    digest = hashlib.sha256()
+    with weights.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"folder": str(path), "model_sha256": digest.hexdigest()}
+
+
+def _arch(module: torch.nn.Module) -> dict[str, Any]:
+    """The architecture a module's checkpoint records (block drafters: ``arch.to_dict()``; chains: ``arch()``)."""
+    arch = getattr(module, "arch", None)
+    if arch is None:
+        return {}
+    return arch() if callable(arch) else arch.to_dict()
+
+
+def _json(value: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(value or {}))
 
 
 def config_json(config: TrainConfig) -> str:
@@ -238,7 +301,10 @@ def _comparable(config: dict) -> dict:
         return config
     norm = {k: os.path.normpath(v) if k in ("folder", "features") and isinstance(v, str) and v != "online" else v
             for k, v in data.items()}
-    return {**config, "data": norm}
+    init = config.get("init_from")
+    if isinstance(init, dict) and isinstance(init.get("folder"), str):
+        init = {**init, "folder": os.path.normpath(init["folder"])}
+    return {**config, "data": norm, "init_from": init}
 
 
 def _truncate_log(path: Path, step: int) -> None:
@@ -256,6 +322,8 @@ def train(config: TrainConfig, method: Method, target, sequences: Sequence[Train
     trainer = Trainer(config, method, target, sequences, features, out)
     if start is not None:
         trainer.restore(start)
+    elif config.init_from is not None:
+        trainer.initialise(config.init_from)
     _truncate_log(out / "train_log.jsonl", trainer.step)
     with (out / "train_log.jsonl").open("a") as log:
         while trainer.step < config.steps:
