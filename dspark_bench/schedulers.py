@@ -406,6 +406,8 @@ class _Confident(Scheduler):
     _ratios: dict = field(default_factory=dict, init=False, repr=False)  # (R, part) -> log(measured / priced) ...
     _factors: dict = field(default_factory=dict, init=False, repr=False)  # ... and exp(their median); see correction
     _learnt: object = field(default=None, init=False, repr=False)  # the last RoundTiming learnt from
+    _rounds_learnt: int = field(default=0, init=False, repr=False)  # rounds learnt from, at any R ...
+    _plain_at: dict = field(default_factory=dict, init=False, repr=False)  # ... and R -> the last vanilla one's
     _online: OnlineCalibration = field(default_factory=OnlineCalibration, init=False, repr=False)
     _pending: np.ndarray | None = field(default=None, init=False, repr=False)  # this round's confidences, to learn
 
@@ -499,7 +501,13 @@ class _Confident(Scheduler):
         ratio. The machine's speed drifts while a scheduler skips (session 16's vanilla steps at R = 8 ran from
         0.77x to 1.25x their price in one cell); correcting only the kind it keeps measuring made drafts look
         cheap whenever the machine slowed, and noise decided (measured, session 17: at R = 8 the plan flipped to
-        drafting each time the vanilla correction rose, and those rounds lost). A ratio not measured at this R
+        drafting each time the vanilla correction rose, and those rounds lost). It drifts while a scheduler
+        drafts, too: once no vanilla step was measured at this R for ``ADAPT_WINDOW`` rounds, a drafted round's
+        verify is read as the speed (the vanilla correction) through the multi-token ratio already learnt, not as
+        a new ratio. Learning the ratio against a stale speed counted a slow stretch twice once the vanilla steps
+        measured it too (session 20, R = 2: after 130 drafted rounds the multi-token ratio was 1.13 against a
+        vanilla correction learnt at the first round; skipping raised that to 1.10, drafts were priced at both,
+        and drafting, which paid 18-30% on the prompts that followed, looked like break-even for 250 rounds). A ratio not measured at this R
         is borrowed from the nearest R that measured it (nearest in log2 R; of two, the dearer): when a cell's
         batch drains, every smaller R is new, and pricing its drafts at the profile's word drafted at a loss
         (session 16b, R = 8: six drafted rounds of its tail at 39 tokens/s against 66 for its vanilla steps).
@@ -536,11 +544,17 @@ class _Confident(Scheduler):
         if not self.adapt or t is None or t is self._learnt or not t.rows:
             return
         self._learnt = t
+        self._rounds_learnt += 1
         shape = sum(t.tokens) if self.layout == "packed" else max(t.tokens) - 1  # the index _shapes prices it at
         verify, propose, overhead = self._prices(t.rows, _to8(t.context), True, ctx.drafter,
                                                  max(ctx.block_size, max(t.tokens) - 1))
         kind = "plain" if max(t.tokens) == 1 else "multi"
-        speed = float(np.log(self._factors.get((t.rows, "plain"), 1.0)))  # drafted parts: relative to it
+        if kind == "plain":
+            self._plain_at[t.rows] = self._rounds_learnt
+        # a drafted stretch longer than the window: the vanilla correction is stale, and the machine's drift goes
+        # into the speed it stands for, through the multi-token verify's learnt ratio (see correction)
+        stale = (kind == "multi" and (t.rows, "multi") in self._factors
+                 and self._rounds_learnt - self._plain_at.get(t.rows, 0) > self.ADAPT_WINDOW)
         parts = [(kind, t.verify_s, float(verify[shape]))]
         if self.costs:
             if t.drafted:
@@ -548,8 +562,13 @@ class _Confident(Scheduler):
             parts.append((f"other/{kind}", t.other_s, overhead))
         for part, measured, price in parts:
             if measured > 0 and price > 0:  # the median is taken here, once a round, not at every price asked
+                residual = float(np.log(measured / price))
+                if stale and part == "multi":
+                    part, residual = "plain", residual - float(np.log(self._factors[(t.rows, "multi")]))
+                elif part in _DRAFTED:  # drafted parts: relative to the speed, read after any update above
+                    residual -= float(np.log(self._factors.get((t.rows, "plain"), 1.0)))
                 seen = self._ratios.setdefault((t.rows, part), deque(maxlen=self.ADAPT_WINDOW))
-                seen.append(float(np.log(measured / price)) - (speed if part in _DRAFTED else 0.0))
+                seen.append(residual)
                 self._factors[(t.rows, part)] = float(np.exp(np.median(seen)))
 
 

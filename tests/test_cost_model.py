@@ -380,6 +380,34 @@ def test_adapt_takes_the_median_of_the_last_rounds_and_learns_each_round_once():
     assert (2, "other/plain") not in sched._ratios  # the profile prices no overhead: nothing to correct
 
 
+def test_a_slow_stretch_while_drafting_is_read_as_the_machines_speed_and_not_counted_twice():
+    """Session 20, R = 2: a long drafted stretch learnt the machine's slowdown into the multi-token ratio,
+    against a vanilla correction from the first round; once vanilla steps measured the slowdown too, drafts were
+    priced at both. Here the machine slows by 1.3x after the window's first drafted rounds: the drafted rounds
+    beyond the window move the speed (the vanilla correction) and leave the ratio, so a drafted round costs
+    1.3x its price before and after the vanilla step that confirms it, not 1.3 x 1.3."""
+    sched = HardwareAware(profile=_costed(0.3), layout="padded")
+    ctx = _ctx(2)
+    index = 1
+    for verify_s, drafts in [(1.0, 0)] + [(1.0, 4)] * HardwareAware.ADAPT_WINDOW + [(1.3, 4)] * 40 + [(1.3, 0)] * 3:
+        ctx.last_round = _timing(index, 2, drafts, verify_s=verify_s, draft_s=0.3 if drafts else 0.0)
+        sched.plan(ctx)
+        index += 1
+        if index == 2 + HardwareAware.ADAPT_WINDOW + 40:  # the drafted stretch's end, before any vanilla step
+            assert sched.correction(2, "plain") == pytest.approx(1.3)
+            assert sched.correction(2, "multi") == pytest.approx(1.3)
+    assert sched._factors[(2, "multi")] == pytest.approx(1.0)  # the ratio learnt while the speed was measured
+    assert sched.correction(2, "plain") == pytest.approx(1.3) and sched.correction(2, "multi") == pytest.approx(1.3)
+    assert sched.correction(2, "draft") == pytest.approx(1.0)  # the propose did not slow: its own price, 0.3 s
+    # within the window after a vanilla step, drafted rounds still teach the ratio (a real change of shape cost)
+    fresh = HardwareAware(profile=_costed(0.3), layout="padded")
+    fresh_ctx = _ctx(2)
+    for i, (verify_s, drafts) in enumerate([(1.0, 0)] + [(2.0, 4)] * 5):
+        fresh_ctx.last_round = _timing(i + 1, 2, drafts, verify_s=verify_s, draft_s=0.3 if drafts else 0.0)
+        fresh.plan(fresh_ctx)
+    assert fresh.correction(2, "plain") == pytest.approx(1.0) and fresh.correction(2, "multi") == pytest.approx(2.0)
+
+
 def test_the_engine_reports_each_round_to_the_scheduler(tiny):
     """ctx.last_round after each round: its index, rows, the tokens each row verified, the drafter's run and
     seconds > 0, as the records have them."""
