@@ -507,10 +507,14 @@ class _Confident(Scheduler):
         a new ratio. Learning the ratio against a stale speed counted a slow stretch twice once the vanilla steps
         measured it too (session 20, R = 2: after 130 drafted rounds the multi-token ratio was 1.13 against a
         vanilla correction learnt at the first round; skipping raised that to 1.10, drafts were priced at both,
-        and drafting, which paid 18-30% on the prompts that followed, looked like break-even for 250 rounds). A ratio not measured at this R
-        is borrowed from the nearest R that measured it (nearest in log2 R; of two, the dearer): when a cell's
-        batch drains, every smaller R is new, and pricing its drafts at the profile's word drafted at a loss
-        (session 16b, R = 8: six drafted rounds of its tail at 39 tokens/s against 66 for its vanilla steps).
+        and drafting, which paid 18-30% on the prompts that followed, looked like break-even for 250 rounds).
+        Drafted rounds alone cannot tell the machine's drift from a dearer shape; this reads it as drift (session
+        20b, R = 8: drafted rounds that slowed raised the vanilla correction, not the drafts' price).
+
+        A ratio not measured at this R is borrowed from the nearest R that measured it (nearest in log2 R; of two,
+        the dearer): when a cell's batch drains, every smaller R is new, and pricing its drafts at the profile's
+        word drafted at a loss (session 16b, R = 8: six drafted rounds of its tail at 39 tokens/s against 66 for
+        its vanilla steps).
 
         Where no R measured the part, it takes its sibling's at this R (plain for multi and back, and likewise
         for the overhead; "draft" takes "plain"): the machine that makes a one-token forward 1.4x its price makes
