@@ -589,10 +589,14 @@ class HardwareAware(_Confident):
     does not promise ``margin`` (2%) more, the engine skips the drafter this round. The margin keeps it from
     drafting at break-even, where the prices' noise (a few percent, even corrected by ``adapt``) decides, and a
     drafted round that loses costs more than a vanilla one that does. With ``adapt`` and an engine that reports
-    its rounds (``ctx.last_round``), the first round at each R is a vanilla step, to measure what drafts must
-    beat: the profile's one-token prices were the furthest off (session 16, R = 4: 0.67-0.79x their price while
-    multi-token verifies were 0.88x, so a vanilla step priced by its sibling's correction looked 20% dearer than
-    it was, and drafts that lost looked worth it). And after ``RETRY_AFTER`` skipped rounds in a row at an R
+    its rounds (``ctx.last_round``), the first ``PLAIN_FIRST`` (3) rounds at each R are vanilla steps, to measure
+    what drafts must beat: the profile's one-token prices were the furthest off (session 16, R = 4: 0.67-0.79x
+    their price while multi-token verifies were 0.88x, so a vanilla step priced by its sibling's correction looked
+    20% dearer than it was, and drafts that lost looked worth it). Three, their median, not one: the drafted
+    rounds' ratio is learnt against that speed, and one slow step biases both (session 20b, R = 8: the one
+    vanilla step took 129 ms, 1.19x the median of the 80 that followed; against it the drafted rounds, 1.94x a
+    vanilla step's time for 1.65x its tokens, promised 3-44% more than one, and the cell drafted 18 rounds in a
+    row at a loss: 0.886 of `none` in that repeat). And after ``RETRY_AFTER`` skipped rounds in a row at an R
     where the model puts drafting within ``RETRY_WITHIN`` of a vanilla step, it drafts one round: while it skips,
     the corrections of drafted rounds stop learning, so one slow stretch of the machine could stop drafting for
     good (session 16's sweep, R = 1, where drafting paid 18%: runs of 54 and 560 vanilla steps began after drafted
@@ -622,6 +626,7 @@ class HardwareAware(_Confident):
     _counts: AcceptanceCounts = field(default_factory=AcceptanceCounts, init=False, repr=False)
     RECENT: ClassVar[int] = 64
     HALF_LIFE: ClassVar[float] = 6.0  # rounds: the weight of a recent row halves every 6 rounds of the engine
+    PLAIN_FIRST: ClassVar[int] = 3  # vanilla steps measured at an R before drafts are weighed against them
     RETRY_AFTER: ClassVar[int] = 20  # skipped rounds at an R before a drafted one re-measures (adapt) ...
     RETRY_WITHIN: ClassVar[float] = 0.10  # ... if the model puts drafting within 10% of a vanilla step
     _skipped: dict = field(default_factory=dict, init=False, repr=False)  # R -> rounds skipped in a row
@@ -671,8 +676,9 @@ class HardwareAware(_Confident):
             return True
         rows, width = len(ctx.slots), ctx.block_size
         vanilla = self._round_seconds(ctx, drafted=False)  # first: it learns the last round (and finds a profile)
-        if self.adapt and ctx.last_round is not None and (rows, "plain") not in self._factors:
-            self.last_plan = False  # measure a vanilla step at this R before weighing drafts against it
+        measured = len(self._ratios.get((rows, "plain"), ()))
+        if self.adapt and ctx.last_round is not None and measured < self.PLAIN_FIRST:
+            self.last_plan = False  # measure vanilla steps at this R before weighing drafts against them
             return False
         surv = (self._expected_survival(ctx) * self.kappa()).clip(0.0, 1.0)
         drafted = self._round_seconds(ctx, drafted=True)

@@ -343,9 +343,10 @@ def test_adapt_stops_drafting_once_drafted_rounds_cost_more_than_priced():
         sched = HardwareAware(profile=_costed(0.3), layout="padded", adapt=adapt)
         ctx = _ctx(2)
         assert sched.plan(ctx)
-        ctx.last_round = _timing(1, 2, 0, verify_s=1.0)
-        assert sched.plan(ctx)
-        ctx.last_round = _timing(2, 2, 4, verify_s=3.0, draft_s=0.3)
+        for i in range(HardwareAware.PLAIN_FIRST):
+            ctx.last_round = _timing(i + 1, 2, 0, verify_s=1.0)
+            assert sched.plan(ctx) is (not adapt or i == HardwareAware.PLAIN_FIRST - 1)
+        ctx.last_round = _timing(9, 2, 4, verify_s=3.0, draft_s=0.3)
         assert sched.plan(ctx) is not adapt
         assert sched.correction(2, "multi") == pytest.approx(3.0 if adapt else 1.0)
         assert sched.correction(2, "plain") == pytest.approx(1.0) and sched.correction(2, "draft") == pytest.approx(1.0)
@@ -493,16 +494,20 @@ def test_drafted_rounds_are_priced_relative_to_the_vanilla_steps_and_borrowed_by
     assert sched.correction(1, "multi") == pytest.approx(1.2)  # R = 2's, and no vanilla step measured at R = 1
 
 
-def test_a_vanilla_step_is_measured_first_at_each_concurrency_when_the_engine_reports_rounds():
+def test_vanilla_steps_are_measured_first_at_each_concurrency_when_the_engine_reports_rounds():
+    """Three of them, and their median is the speed drafts are weighed against: session 20b's one slow first step
+    (1.19x the steps after it) made drafts that lost look worth 18 rounds at R = 8."""
     sched = HardwareAware(profile=_costed(0.01), layout="padded")
     ctx = _ctx(2)
     assert sched.plan(ctx)  # no round reported yet: the model alone (drafts nearly free)
     ctx.last_round = _timing(1, 2, 4, verify_s=1.0, draft_s=0.01)
     assert not sched.plan(ctx)  # R = 2 has no vanilla step measured: take one
-    ctx.last_round = _timing(2, 2, 0, verify_s=1.0)
-    assert sched.plan(ctx)
+    for i, verify_s in enumerate((1.5, 1.0, 1.1)):  # a slow first step, then two at the usual speed
+        ctx.last_round = _timing(2 + i, 2, 0, verify_s=verify_s)
+        assert sched.plan(ctx) is (i == 2)  # drafts are weighed once three were measured
+    assert sched.correction(2, "plain") == pytest.approx(1.1)  # their median, not the slow one
     three = _ctx(3)
-    three.last_round = _timing(3, 2, 4, verify_s=1.0)
+    three.last_round = _timing(5, 2, 4, verify_s=1.0)
     assert not sched.plan(three)  # R = 3: none measured there yet
     fixed_prices = HardwareAware(profile=_costed(0.01), layout="padded", adapt=False)
     assert fixed_prices.plan(three)  # adapt=false decides from the profile alone
