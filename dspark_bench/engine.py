@@ -125,7 +125,7 @@ class Session:
         self.target, self.drafter, self.config = engine.target, engine.drafter, engine.config
         self.timer = Timer(self.target.device)
         self.ctx = DraftContext(self.target, self.config.temperature, self.config.block_size, timer=self.timer,
-                                drafter=getattr(self.drafter, "name", ""))
+                                drafter=getattr(self.drafter, "name", ""), reports_rounds=True)
         self.live: list[_Live] = []
         self.batch: KVBatch | None = None
 

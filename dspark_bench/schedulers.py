@@ -589,17 +589,21 @@ class HardwareAware(_Confident):
     does not promise ``margin`` (2%) more, the engine skips the drafter this round. The margin keeps it from
     drafting at break-even, where the prices' noise (a few percent, even corrected by ``adapt``) decides, and a
     drafted round that loses costs more than a vanilla one that does. With ``adapt`` and an engine that reports
-    its rounds (``ctx.last_round``), the first ``PLAIN_FIRST`` (3) rounds at each R are vanilla steps, to measure
-    what drafts must beat: the profile's one-token prices were the furthest off (session 16, R = 4: 0.67-0.79x
-    their price while multi-token verifies were 0.88x, so a vanilla step priced by its sibling's correction looked
-    20% dearer than it was, and drafts that lost looked worth it). Three, their median, not one: the drafted
-    rounds' ratio is learnt against that speed, and one slow step biases both (session 20b, R = 8: the one
-    vanilla step took 129 ms, 1.19x the median of the 80 that followed; against it the drafted rounds, 1.94x a
-    vanilla step's time for 1.65x its tokens, promised 3-44% more than one, and the cell drafted 18 rounds in a
-    row at a loss: 0.886 of `none` in that repeat). And after ``RETRY_AFTER`` skipped rounds in a row at an R
-    where the model puts drafting within ``RETRY_WITHIN`` of a vanilla step, it drafts one round: while it skips,
-    the corrections of drafted rounds stop learning, so one slow stretch of the machine could stop drafting for
-    good (session 16's sweep, R = 1, where drafting paid 18%: runs of 54 and 560 vanilla steps began after drafted
+    its rounds (``ctx.reports_rounds``, or a ``ctx.last_round``), the first ``PLAIN_FIRST`` (3) rounds at each R
+    are vanilla steps, to measure what drafts must beat: the profile's one-token prices were the furthest off
+    (session 16, R = 4: 0.67-0.79x their price while multi-token verifies were 0.88x, so a vanilla step priced by
+    its sibling's correction looked 20% dearer than it was, and drafts that lost looked worth it). Three, their
+    median, not one: the drafted rounds' ratio is learnt against that speed, and one slow step biases both
+    (session 20b, R = 8: the one vanilla step took 129 ms, 1.19x the median of the 80 that followed; against it
+    the drafted rounds, 1.94x a vanilla step's time for 1.65x its tokens, promised 3-44% more than one, and the
+    cell drafted 18 rounds in a row at a loss: 0.886 of `none` in that repeat). The run's very first round, too,
+    before the engine has reported any: a drafted first round is priced by the profile alone, and its ratio is
+    learnt against a speed not yet measured (session 21, R = 16: the first round drafted, 431 ms against about
+    165 for a vanilla step, and saved no round; its ratio, 1.33 against the default speed of 1 where vanilla
+    steps then measured 0.76, priced the next drafts a quarter under what it had cost). And after
+    ``RETRY_AFTER`` skipped rounds in a row at an R where the model puts drafting within ``RETRY_WITHIN`` of a
+    vanilla step, it drafts one round: while it skips, the corrections of drafted rounds stop learning, so one
+    slow stretch of the machine could stop drafting for good (session 16's sweep, R = 1, where drafting paid 18%: runs of 54 and 560 vanilla steps began after drafted
     rounds had run 20-40% slower than usual for a while). Each retry after which the model still skips doubles
     the wait before the next one at that R, up to 4 x ``RETRY_AFTER``, and the wait is back to ``RETRY_AFTER``
     once the model drafts on its own: where drafting loses, retries cost a few rounds a cell, not one in 20
@@ -677,7 +681,7 @@ class HardwareAware(_Confident):
         rows, width = len(ctx.slots), ctx.block_size
         vanilla = self._round_seconds(ctx, drafted=False)  # first: it learns the last round (and finds a profile)
         measured = len(self._ratios.get((rows, "plain"), ()))
-        if self.adapt and ctx.last_round is not None and measured < self.PLAIN_FIRST:
+        if self.adapt and (ctx.reports_rounds or ctx.last_round is not None) and measured < self.PLAIN_FIRST:
             self.last_plan = False  # measure vanilla steps at this R before weighing drafts against them
             return False
         surv = (self._expected_survival(ctx) * self.kappa()).clip(0.0, 1.0)

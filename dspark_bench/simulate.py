@@ -188,7 +188,7 @@ def _step(live: list[_Live], scheduler, spec: SimSpec, profile: Profile, overhea
     """One simulated engine round: [1 round per request, committed, verified, accepted, seconds] and its timing
     (``last``: the previous round's, which the scheduler may learn its prices from, as from the engine)."""
     ctx = DraftContext(None, 1.0, spec.block_size, [item.slot for item in live], drafter=spec.drafter,
-                       last_round=last)
+                       last_round=last, reports_rounds=True)
     drafted = scheduler.plan(ctx)
     # 1. the recorded round of each request, as a proposal (none when the scheduler skips the drafter)
     idx = [item.round % len(item.trace.verified) for item in live]

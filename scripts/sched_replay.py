@@ -83,7 +83,7 @@ def replay(records, scheduler: schedulers.HardwareAware, block: int = 7, drafter
     out, last = [], None
     for n, members in enumerate(ordered_rounds(records, queue)):
         slots = [SimpleNamespace(request_id=(rec.dataset, rec.prompt_id), position=pos) for rec, _, pos in members]
-        ctx = DraftContext(None, 1.0, block, slots, drafter=drafter, last_round=last)
+        ctx = DraftContext(None, 1.0, block, slots, drafter=drafter, last_round=last, reports_rounds=True)
         planned = scheduler.plan(ctx)
         rows = len(slots)
         row = {"round": n, "rows": rows, "planned": planned}

@@ -509,6 +509,9 @@ def test_vanilla_steps_are_measured_first_at_each_concurrency_when_the_engine_re
     three = _ctx(3)
     three.last_round = _timing(5, 2, 4, verify_s=1.0)
     assert not sched.plan(three)  # R = 3: none measured there yet
+    first = _ctx(2)
+    first.reports_rounds = True  # an engine that will report its rounds: its first round is measured too
+    assert not HardwareAware(profile=_costed(0.01), layout="padded").plan(first)
     fixed_prices = HardwareAware(profile=_costed(0.01), layout="padded", adapt=False)
     assert fixed_prices.plan(three)  # adapt=false decides from the profile alone
 
@@ -566,6 +569,29 @@ def test_a_vanilla_step_reclaims_the_dead_columns_that_rejected_drafts_left(tiny
     dead = session.batch.columns - max(session.batch.lens)
     session.step()  # the vanilla step
     assert dead > 0 and session.batch.columns == max(session.batch.lens)
+
+
+def test_the_engine_tells_a_scheduler_before_its_first_round_that_it_will_report_rounds(tiny):
+    """So that hardware-aware measures vanilla steps before its first drafted round (session 21)."""
+
+    class Seen(Scheduler):
+        def __init__(self):
+            self.flags = []
+
+        def decide(self, proposal, ctx):
+            return proposal.lengths.clone()
+
+        def plan(self, ctx):
+            self.flags.append((ctx.reports_rounds, ctx.last_round is not None))
+            return False
+
+    seen = Seen()
+    reqs = [Request(i, tuple(p), 70 + i) for i, p in enumerate(random_prompts(2, seed=4))]
+    session = Engine(tiny, _Counting(_Counting.Config(), tiny), EngineConfig(16, 0.0, 4, 3), seen).session(
+        reqs, [].append)
+    session.step()
+    session.step()
+    assert seen.flags == [(True, False), (True, True)]
 
 
 def test_the_simulation_prices_a_vanilla_steps_own_time_apart_from_a_drafted_rounds():

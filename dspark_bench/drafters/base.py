@@ -77,6 +77,7 @@ class DraftContext:
     timer: Timer = field(default_factory=Timer)  # spans "forward", "head", "sample" (see dspark_bench.timing)
     drafter: str = ""  # the drafter's registry name (a scheduler looks up its cost in the profile by it)
     last_round: RoundTiming | None = None  # set by the engine after each round
+    reports_rounds: bool = False  # the engine will set last_round (a scheduler may wait for the first one)
 
     def draft_uniforms(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """Uniforms [R, n] (float64) for draft tokens 1..n of every slot: key (seed, position + j, DRAFT)."""
