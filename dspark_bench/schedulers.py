@@ -599,7 +599,7 @@ class HardwareAware(_Confident):
     cell drafted 18 rounds in a row at a loss: 0.886 of `none` in that repeat). The run's very first round, too,
     before the engine has reported any: a drafted first round is priced by the profile alone, and its ratio is
     learnt against a speed not yet measured (session 21, R = 16: the first round drafted, 431 ms against about
-    165 for a vanilla step, and saved no round; its ratio, 1.33 against the default speed of 1 where vanilla
+    165 for a vanilla step, and saved no round; its ratio, learnt against the default speed of 1 where vanilla
     steps then measured 0.76, priced the next drafts a quarter under what it had cost). And after
     ``RETRY_AFTER`` skipped rounds in a row at an R where the model puts drafting within ``RETRY_WITHIN`` of a
     vanilla step, it drafts one round: while it skips, the corrections of drafted rounds stop learning, so one
