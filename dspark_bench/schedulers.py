@@ -603,8 +603,9 @@ class HardwareAware(_Confident):
     steps then measured 0.76, priced the next drafts a quarter under what it had cost). And after
     ``RETRY_AFTER`` skipped rounds in a row at an R where the model puts drafting within ``RETRY_WITHIN`` of a
     vanilla step, it drafts one round: while it skips, the corrections of drafted rounds stop learning, so one
-    slow stretch of the machine could stop drafting for good (session 16's sweep, R = 1, where drafting paid 18%: runs of 54 and 560 vanilla steps began after drafted
-    rounds had run 20-40% slower than usual for a while). Each retry after which the model still skips doubles
+    slow stretch of the machine could stop drafting for good (session 16's sweep, R = 1, where drafting paid
+    18%: runs of 54 and 560 vanilla steps began after drafted rounds had run 20-40% slower than usual for a
+    while). Each retry after which the model still skips doubles
     the wait before the next one at that R, up to 4 x ``RETRY_AFTER``, and the wait is back to ``RETRY_AFTER``
     once the model drafts on its own: where drafting loses, retries cost a few rounds a cell, not one in 20
     (session 16b, R = 8 and 16).
