@@ -8,21 +8,32 @@
 # Every stage resumes when the script is run again: the data at its last complete shard, the feature cache at its
 # last shard, each training at its last checkpoint (every 200 steps). None of that is committed (the cache is about
 # 11 GB, a training's resume checkpoint 50-180 MB), so it resumes across sessions only where the machine is kept:
-# put ROOT outside the work tree (e.g. /work/dspark-train), which a new session may lay anew. Settings
-# (environment): METHODS (any of dspark dflash eagle3 mtp; default all four), STEPS=4800, VOCAB=8192,
-# DATA=data/smollm2/train-6k, FEATURES=ROOT/features/train-6k, GENERATE=1 (0: use DATA as it is), BIN=.venv/bin,
-# RUN=smollm2-6k (the runs' folder under ROOT/runs), SEED=42 (data order and anchors), INIT (a folder holding one
-# checkpoint per method, e.g. baselines/drafters/smollm2-135m: each run starts from INIT/<method>'s weights with
-# its own warm-up and cosine, a longer budget in a second run; default: fresh weights).
+# put ROOT outside the work tree (e.g. /root/dspark-train), which a new session may lay anew. Settings
+# (environment):
+#   METHODS   any of dspark dflash eagle3 mtp (default all four); STEPS=4800, VOCAB=8192, BIN=.venv/bin
+#   SAMPLING  reference (default): the prompts of seed 0 answered at T = 0.7, top-p 0.8, top-k 20 (reference
+#             section 7.2), the committed data/smollm2/train-6k; t1: the prompts of seed 1 answered at T = 1.0 by
+#             pure softmax, the offline protocol's sampling, data/smollm2/train-6k-t1
+#   DATA, FEATURES  default data/smollm2/<that name> and ROOT/features/<that name>
+#   GENERATE=1 (0: use DATA as it is), RUN=smollm2-6k (the runs' folder under ROOT/runs), SEED=42 (data order, anchors)
+#   INIT      a folder holding one checkpoint per method, e.g. baselines/drafters/smollm2-135m: each run starts
+#             from INIT/<method>'s weights with its own warm-up and cosine (default: fresh weights)
+#   HELDOUT   a data folder whose first 128 usable sequences each run scores every 400 steps (`train --heldout`),
+#             e.g. data/smollm2/heldout-t1
 # fp32 throughout: on a CPU without AVX-512-BF16 the bf16 target is many times slower (RECIPE section 5: a
 # training step 15x, the feature pass over 4x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${1:-.}
 BIN=${BIN:-.venv/bin}
-D=${DATA:-data/smollm2/train-6k}
+case ${SAMPLING:-reference} in
+  reference) SAMPLE=(--seed 0 --temperature 0.7 --top-p 0.8 --top-k 20); NAME=train-6k ;;
+  t1) SAMPLE=(--seed 1 --temperature 1.0 --top-p 1.0 --top-k 49152); NAME=train-6k-t1 ;;
+  *) echo "SAMPLING=$SAMPLING: use reference or t1" >&2; exit 2 ;;
+esac
+D=${DATA:-data/smollm2/$NAME}
 R=$ROOT/runs/${RUN:-smollm2-6k}
-F=${FEATURES:-$ROOT/features/train-6k}
+F=${FEATURES:-$ROOT/features/$NAME}
 STEPS=${STEPS:-4800}
 VOCAB=${VOCAB:-8192}
 read -r -a M <<< "${METHODS:-dspark dflash eagle3 mtp}"
@@ -45,7 +56,7 @@ mkdir -p "$R"
 
 # 1. The data: complete the 48 shards (committed shards are kept; a shard depends only on its prompts and index).
 if [ "${GENERATE:-1}" = 1 ]; then
-  $BIN/dspark-bench data generate --n 6144 --seed 0 --batch-size 64 --shard-size 128 --max-new-tokens 256 \
+  $BIN/dspark-bench data generate --n 6144 "${SAMPLE[@]}" --batch-size 64 --shard-size 128 --max-new-tokens 256 \
     --dtype fp32 --threads 2 --out "$D"
 fi
 # 2. Target features of every sequence, cached once for all methods (both cores; returns at once when complete).
@@ -54,6 +65,7 @@ $BIN/dspark-bench data features --data "$D" --out "$F" --dtype fp32 --threads 2
 # 3. Same sequences, order, steps and scored predictions for every method; two lanes of one thread each.
 S=(--data "$D" --features "$F" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed "${SEED:-42}" --save-every 200
    --dtype fp32 --threads 1 --num-anchors 32 --draft-vocab "$VOCAB" --resume)
+if [ -n "${HELDOUT:-}" ]; then S+=(--heldout "$HELDOUT" --heldout-n 128 --heldout-every 400); fi
 train() {  # train METHOD: one run folder per method
   local init=()
   if [ -n "${INIT:-}" ]; then init=(--init-from "$INIT/$1"); fi

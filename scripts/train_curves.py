@@ -14,6 +14,14 @@ one that rises less has stopped improving at this schedule (the low rate is part
 large gain_q3 means the rise ended with the rate, not with what the data can teach). The last-window gain alone
 would call the shipped 480-step runs flat, though they rose 5% over their last quarter. A run still in progress is
 judged on its steps so far and marked as such.
+
+Training tau is measured on the step's own training sequences, which the drafter sees again every epoch, so it
+also rises by memorising them (issue 16, session 22: the shipped DSpark drafter's tau was 2.00 on 48 of its training
+sequences and 1.78 on fresh responses to the same prompts). A run trained with ``--heldout`` logs the exact
+teacher-forced acceptance on sequences it never trains on (``heldout`` in its log lines); then the table adds the
+held-out tau at each scored step and the rule is judged on it: **heldout gain** is the last held-out tau over the
+one scored at or before three quarters of the last step, minus 1, and the run is **flat (held-out)** when that is
+below 1%.
 """
 
 from __future__ import annotations
@@ -62,7 +70,16 @@ def curves(folder: Path, windows: int) -> dict:
     quarter = len(rows) // 4
     q = [statistics.fmean(r["tau"] for r in rows[i * quarter : (i + 1) * quarter]) for i in range(4)]
     planned = planned_steps(folder)
+    held = [{"step": r["step"], "tau": r["heldout"]["tau"], "first_position": r["heldout"]["acceptance"][0]}
+            for r in rows if r.get("heldout")]
+    held_gain = None
+    if len(held) >= 2:
+        earlier = [h for h in held if h["step"] <= 0.75 * held[-1]["step"]]
+        if earlier:
+            held_gain = held[-1]["tau"] / earlier[-1]["tau"] - 1
     return {
+        "heldout": held, "heldout_gain": held_gain,
+        "heldout_flat": None if held_gain is None else held_gain < FLAT_GAIN,
         "run": str(folder), "steps": rows[-1]["step"], "planned_steps": planned,
         "complete": planned is not None and rows[-1]["step"] >= planned,
         "window_steps": size, "tau": tau, "first_position": first,
@@ -84,6 +101,12 @@ def table(results: list[dict]) -> str:
     lines.append("")
     lines.append("Position-1 acceptance by window: " + "; ".join(
         f"{Path(r['run']).name} " + " ".join(f"{a:.2f}" for a in r["first_position"]) for r in results))
+    for r in results:
+        if r["heldout"]:
+            points = ", ".join(f"{h['step']}: {h['tau']:.3f}" for h in r["heldout"])
+            verdict = ("too few scored steps to judge" if r["heldout_gain"] is None else
+                       f"gain {r['heldout_gain']:+.1%}, {'flat' if r['heldout_flat'] else 'not flat'} (held-out)")
+            lines.append(f"Held-out tau of {Path(r['run']).name} by step: {points}; {verdict}")
     return "\n".join(lines)
 
 

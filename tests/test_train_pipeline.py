@@ -291,6 +291,8 @@ def test_resume_is_bit_exact(target, tmp_path):
 
 
 def test_init_from_starts_a_new_run_from_a_checkpoints_weights_and_refuses_one_that_does_not_fit(target, tmp_path):
+    from dspark_bench.drafters.vocab import STATE_KEY, vocab_for
+
     seqs = sequences(6, seed=2)
     options = methods.MethodOptions(num_anchors=8, markov_rank=8, draft_vocab=40)
     m = methods.method("dspark")
@@ -330,6 +332,11 @@ def test_init_from_starts_a_new_run_from_a_checkpoints_weights_and_refuses_one_t
     with pytest.raises(trainer.TrainError, match="this run over the full vocabulary"):
         trainer.Trainer(replace(base, options=replace(options, draft_vocab=0)), m, target, seqs, source,
                         tmp_path / "z").initialise(start)
+    # other data ranks other tokens first: the run keeps the checkpoint's list (its rows are what it learnt)
+    other = sequences(6, seed=11, lo=30, hi=36)
+    assert not torch.equal(vocab_for(target, other, 40), vocab_for(target, seqs, 40))
+    moved = trainer.train(replace(init, steps=1), m, target, other, source, tmp_path / "other")
+    assert torch.equal(_weights(moved)[STATE_KEY], saved[STATE_KEY])
     with pytest.raises(trainer.TrainError, match="not a drafter checkpoint"):
         trainer.init_source(tmp_path)
     with (first / "model.safetensors").open("ab") as f:  # the checkpoint changed after the run recorded it
@@ -447,6 +454,23 @@ def test_train_curves_flat_only_when_the_last_quarter_stops_rising(tmp_path, cap
     assert [r["flat"] for r in json.loads((tmp_path / "c.json").read_text())] == [True, False]
     with pytest.raises(SystemExit, match="too few"):
         script.curves(_log(tmp_path / "short", [1.0] * 7), 2)
+    assert a["heldout"] == [] and a["heldout_flat"] is None
+
+
+def test_train_curves_judge_a_run_with_held_out_scores_on_them(tmp_path, capsys):
+    """Training tau still rising, held-out tau flat from step 600: the held-out verdict says flat."""
+    script = _script()
+    run = _log(tmp_path / "run", [1.0 + 0.001 * s for s in range(800)], planned=800)
+    rows = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    held = {200: 1.30, 400: 1.40, 600: 1.500, 800: 1.505}
+    for r in rows:
+        r["heldout"] = {"tau": held[r["step"]], "acceptance": [held[r["step"]] - 1]} if r["step"] in held else None
+    (run / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = script.curves(run, 10)
+    assert not c["flat"] and c["heldout_flat"] and c["heldout_gain"] == pytest.approx(1.505 / 1.5 - 1)
+    assert [h["step"] for h in c["heldout"]] == [200, 400, 600, 800]
+    assert script.main([str(run)]) == 0
+    assert "Held-out tau of run by step: 200: 1.300" in capsys.readouterr().out
 
 
 # ---- scripts/ship_drafters.py ----------------------------------------------------------------------------------------
@@ -470,3 +494,115 @@ def test_shipping_new_weights_removes_the_calibration_of_the_old_ones(tmp_path, 
     assert json.loads((dest / "train_summary.json").read_text())["steps"] == 3
     with pytest.raises(SystemExit, match="no finished checkpoint"):
         script.main([str(tmp_path / "runs"), str(tmp_path / "shipped"), "dflash"])
+
+
+# ---- held-out scoring -----------------------------------------------------------------------------------------
+def test_heldout_score_of_mtp_is_the_exact_acceptance_over_every_position(target):
+    """MTP scores every response position: the held-out alpha* is the hand-computed sum_v min(q_v, p_v) of the
+    full target law at each slot, averaged per batch, not the acceptance conditional on the list."""
+    from dspark_bench.drafters import vocab
+    from dspark_bench.train import heldout
+
+    m, options = methods.method("mtp"), methods.MethodOptions()
+    module = m.build(target, options)
+    seqs = sequences(3, seed=4)
+    module.set_draft_vocab(vocab.vocab_for(target, seqs, 30))
+    source = features.OnlineFeatures(target, m.taps(target, options))
+    held = heldout.HeldOut(seqs, source, batch_size=8)
+    got = held.score(module, m.loss_kwargs(options))
+    batch = source(sorted(seqs, key=lambda s: (len(s.input_ids), s.id)))
+    from dspark_bench.drafters.eagle3 import shift_left, ttt_mask
+
+    with torch.no_grad():
+        b, n = batch.input_ids.shape
+        positions = torch.arange(n).expand(b, n)
+        out, _ = module(module.context(batch.layers, batch.final), shift_left(batch.input_ids, 1), positions, None,
+                        ttt_mask(batch.attention, 0))
+        q = torch.softmax(module.logits(out, compact=True), -1)
+        p = torch.softmax(target.model.lm_head(batch.final).float(), -1)[..., module.draft_head.ids]
+        alpha = torch.minimum(q, shift_left(p, 1)).sum(-1)
+        valid = shift_left(batch.loss_mask, 2).float()
+        want = float((alpha * valid).sum() / valid.sum())
+    assert got.acceptance == [pytest.approx(want, abs=1e-5)] and got.tau == pytest.approx(1 + want, abs=1e-5)
+    assert got.sequences == 3 and got.tokens == sum(s.loss_tokens for s in seqs)
+    assert module.training and held.score(module, {}) == got  # deterministic, and the module's mode is restored
+    with pytest.raises(trainer.TrainError, match="empty"):
+        heldout.HeldOut([], source)
+
+
+def test_heldout_scoring_during_training_changes_nothing_but_the_log(target, tmp_path):
+    """Scored every 3 steps and at the last: identical weights and training log to a run without it; the
+    score comes back from a resume; a checkpoint loaded by load_module scores as the module it was saved from."""
+    from dspark_bench.train import heldout
+
+    m = methods.method("dspark")
+    options = methods.MethodOptions(num_anchors=8, markov_rank=8, draft_vocab=40)
+    seqs, other = sequences(6, seed=2), sequences(4, seed=9)
+    source = features.OnlineFeatures(target, m.taps(target, options))
+    config = trainer.TrainConfig("dspark", steps=7, batch_size=3, lr=3e-3, warmup=1, save_every=2, options=options)
+    held = heldout.HeldOut(other, source)
+    plain = trainer.train(config, m, target, seqs, source, tmp_path / "plain")
+    scored = trainer.train(config, m, target, seqs, source, tmp_path / "scored", heldout=held, heldout_every=3)
+    a, b = _weights(plain), _weights(scored)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    logs = {d: [json.loads(x) for x in (tmp_path / d / "train_log.jsonl").read_text().splitlines()]
+            for d in ("plain", "scored")}
+    assert [r["step"] for r in logs["scored"] if r["heldout"]] == [3, 6, 7]
+    clocks = ("seconds", "tokens_per_s", "heldout")
+    assert [{k: v for k, v in r.items() if k not in clocks} for r in logs["scored"]] == \
+        [{k: v for k, v in r.items() if k not in clocks} for r in logs["plain"]]
+    assert not any(r["heldout"] for r in logs["plain"])
+    last = logs["scored"][-1]["heldout"]
+    assert len(last["acceptance"]) == 7 and last["sequences"] == 4 and 1 <= last["tau"] <= 8
+    _, _, loaded = heldout.load_module(scored, target, num_anchors=8)
+    assert held.score(loaded, m.loss_kwargs(options)).to_json() == last
+    with pytest.raises(Interrupt):
+        trainer.train(config, m, target, seqs, source, tmp_path / "again", heldout=held, heldout_every=3,
+                      on_step=_stop_at(4))
+    trainer.train(config, m, target, seqs, source, tmp_path / "again", resume=True, heldout=held, heldout_every=3)
+    again = [json.loads(x) for x in (tmp_path / "again" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["heldout"] for r in again] == [r["heldout"] for r in logs["scored"]]
+    with pytest.raises(trainer.TrainError, match="heldout_every"):
+        trainer.train(config, m, target, seqs, source, tmp_path / "bad", heldout=held)
+
+
+def test_heldout_set_drops_sequences_whose_prompt_is_a_training_prompt():
+    from dspark_bench.train import heldout
+
+    train = [data.TrainSequence("a", (5, 6, 7, 8), 2), data.TrainSequence("b", (9, 9, 1), 1)]
+    held = [data.TrainSequence("x", (5, 6, 1, 1), 2), data.TrainSequence("y", (5, 6, 7, 1), 3),
+            data.TrainSequence("z", (9, 2), 1)]
+    assert [s.id for s in heldout.disjoint(held, [heldout.prompt_key(s) for s in train])] == ["y"]
+
+
+def test_cli_data_score_scores_checkpoints_on_held_out_sequences(target, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from dspark_bench.train import cli as train_cli
+    from dspark_bench.train import heldout
+
+    spec = data.GenerationSpec("tiny", n=6, seed=5, max_new_tokens=24, batch_size=3, shard_size=3, dtype="fp32")
+    folder, other = tmp_path / "held", tmp_path / "train"
+    data.generate(target, prompts.build_prompts(6, seed=1), folder, spec, render=render)
+    data.generate(target, prompts.build_prompts(6, seed=1)[:3], other, replace(spec, n=3), render=render)
+    m, options = methods.method("mtp"), methods.MethodOptions(draft_vocab=30)
+    config = trainer.TrainConfig("mtp", steps=2, batch_size=2, lr=3e-3, warmup=1, save_every=100, options=options)
+    source = features.OnlineFeatures(target, ())
+    ckpt = trainer.train(config, m, target, sequences(4), source, tmp_path / "run")
+    monkeypatch.setattr(train_cli, "_load_target", lambda name, dtype, device: target)
+    runner = CliRunner()
+    out = tmp_path / "score.json"
+    args = ["data", "score", "--drafter", str(ckpt), "--data", str(folder), "--json", str(out), "--threads", "1"]
+    result = runner.invoke(train_cli.cli, args)
+    assert result.exit_code == 0, result.output
+    got = json.loads(out.read_text())
+    seqs = data.load_sequences(folder)
+    want = heldout.HeldOut(seqs, source).score(heldout.load_module(ckpt, target)[2], {})
+    assert got["n"] == len(seqs) and got["scores"][str(ckpt)] == {"method": "mtp", **want.to_json()}
+    assert "tau" in result.output
+    result = runner.invoke(train_cli.cli, [*args, "--exclude", str(other)])  # the first 3 prompts are training ones
+    assert result.exit_code == 0, result.output
+    shared = {tuple(r["prompt_ids"]) for r in data.read_rows(other)}
+    assert len(shared) == 3 and json.loads(out.read_text())["n"] == sum(heldout.prompt_key(s) not in shared for s in seqs) < len(seqs)
+    result = runner.invoke(train_cli.cli, [*args, "--n", "0"])
+    assert result.exit_code == 2 and "--n" in result.output

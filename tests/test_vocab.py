@@ -344,3 +344,29 @@ def test_compare_script_reads_two_runs(tmp_path, capsys):
     assert "| tau |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no records"):
         script.main([str(run), str(run), "--drafter", "eagle3"])
+
+
+def test_exact_target_law_makes_the_analytic_acceptance_the_full_vocabularys():
+    """Inside vocab.exact_target_law the losses' alpha* is sum_v min(q_v, p_v) over all V (q is zero outside the
+    list); outside it, the acceptance conditional on the list (pi renormalised over S), which is larger."""
+    from dspark_bench.drafters.blockloss import analytic_acceptance, tv_l1
+    from dspark_bench.drafters.eagle3 import tv_acceptance
+
+    weight, head, h = _head()
+    p = torch.softmax(h @ weight.T, -1).float()  # [4, 3, V]
+    q = torch.softmax(torch.randn(4, 3, head.size, generator=torch.Generator().manual_seed(5)), -1)
+    exact = torch.minimum(q, p[..., head.ids]).sum(-1)
+    with vocab.exact_target_law():
+        pi = head.target_law(h)
+        assert torch.allclose(pi, p[..., head.ids], atol=1e-6)
+        assert torch.allclose(analytic_acceptance(tv_l1(q, pi)), exact, atol=1e-5)
+        assert torch.allclose(tv_acceptance(q, pi), exact, atol=1e-5)
+    pi = head.target_law(h)  # the training law again
+    conditional = torch.minimum(q, pi).sum(-1)
+    assert torch.allclose(pi.sum(-1), torch.ones(4, 3)) and torch.allclose(tv_acceptance(q, pi), conditional, atol=1e-5)
+    assert bool((conditional >= exact - 1e-6).all()) and bool((conditional > exact + 1e-2).any())
+    full_weight, full, hf = _head(ids=None)  # the full head: the context changes nothing
+    with vocab.exact_target_law():
+        assert torch.equal(full.target_law(hf), torch.softmax((hf @ full_weight.T).float(), -1))
+        assert vocab.missing_mass(torch.ones(3)) == 0
+    assert vocab.missing_mass(torch.full((3,), 0.1)) == 0.0

@@ -93,8 +93,11 @@ def weighted_mean(term: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def tv_l1(q: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
-    """||q - pi||_1 over the last axis (= 2 TV): [..., V] x [..., V] -> [...]."""
-    return (q - pi).abs().sum(-1)
+    """||q - pi||_1 over the last axis (= 2 TV): [..., V] x [..., V] -> [...] (inside ``vocab.exact_target_law``
+    plus the target's mass outside the draft vocabulary, where q is zero)."""
+    from dspark_bench.drafters.vocab import missing_mass
+
+    return (q - pi).abs().sum(-1) + missing_mass(pi)
 
 
 def analytic_acceptance(l1: torch.Tensor) -> torch.Tensor:

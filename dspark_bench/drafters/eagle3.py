@@ -62,8 +62,9 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 
 def tv_acceptance(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Analytic acceptance alpha* = 1 - 1/2 ||q - p||_1 = sum_v min(q_v, p_v); [..., V] each -> [...]."""
-    return 1.0 - 0.5 * (q.float() - p.float()).abs().sum(-1)
+    """Analytic acceptance alpha* = 1 - 1/2 ||q - p||_1 = sum_v min(q_v, p_v); [..., V] each -> [...] (inside
+    ``vocab.exact_target_law`` the target's mass outside the draft vocabulary counts in the distance)."""
+    return 1.0 - 0.5 * ((q.float() - p.float()).abs().sum(-1) + vocab.missing_mass(p))
 
 
 def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:

@@ -74,7 +74,8 @@ class MTPModel(ChainModel):
     def loss(self, batch: TrainBatch, generator: torch.Generator | None = None, soft: bool = False) -> LossOutput:
         """Mean cross-entropy of y_{t+2} over positions where y_{t+2} is a response token (``generator``
         unused). ``soft=True``: soft cross-entropy against the target law pi_{t+1} instead of the token.
-        Acceptance: [1], alpha* = 1 - TV(q_t, pi_{t+1}) averaged over the same positions."""
+        Acceptance: [1], alpha* = 1 - TV(q_t, pi_{t+1}) averaged over every position where y_{t+2} is a response
+        token (the hard CE leaves out those outside the draft vocabulary; the acceptance keeps them)."""
         from dspark_bench.train.types import LossOutput
 
         b, n = batch.input_ids.shape
@@ -83,15 +84,16 @@ class MTPModel(ChainModel):
         out, _ = self(hidden, shift_left(batch.input_ids, 1), positions, None, ttt_mask(batch.attention, 0))
         # over the draft vocabulary (vocab.py): pi restricted and renormalised, hard labels outside it dropped
         logits, pi = self.logits(out, compact=True), shift_left(self.target_probs(batch.final), 1)  # [B, n, N] each
-        valid = shift_left(batch.loss_mask, 2).float()
+        response = shift_left(batch.loss_mask, 2).float()
         labels, inside = self.draft_head.labels(shift_left(batch.input_ids, 2))
         if soft:
-            ce = soft_cross_entropy(logits, pi)
+            ce, valid = soft_cross_entropy(logits, pi), response
         else:
             ce = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
-            valid = valid * inside
+            valid = response * inside
         loss = masked_mean(ce, valid)
-        accept = masked_mean(tv_acceptance(torch.softmax(logits.detach(), -1), pi), valid)
+        # every response slot, like the block drafters and Eagle3: a token outside the list is a slot drafting loses
+        accept = masked_mean(tv_acceptance(torch.softmax(logits.detach(), -1), pi), response)
         return LossOutput(loss, {"loss": float(loss.detach()), "ce0": float(loss.detach())}, accept.reshape(1))
 
 

@@ -27,6 +27,12 @@ Training over ``S`` (used by every trainable drafter's loss):
   again ``p(. | S)``, consistent with the soft losses. Later slots of the same block keep their weight
   (teacher forcing feeds them the true tokens).
 
+Held-out scoring (:func:`exact_target_law`): inside that context :meth:`DraftHead.target_law` returns the target's
+own probabilities of S's tokens, not renormalised (they sum to ``p(S)``), and the losses' analytic acceptance counts
+the missing mass ``1 - p(S)`` as distance (:func:`missing_mass`), so it is ``sum_v min(q_v, p_v)`` over all V
+tokens: the acceptance of speculative sampling, not the one conditional on S. It costs the full head's matmul, so
+training never uses it; with the full head it changes nothing.
+
 The list ships with the checkpoint as the ``draft_vocab`` tensor of ``model.safetensors`` (a persistent buffer of
 the drafter model, absent for the full head); :func:`write_vocab` / :func:`read_vocab` store a list on its own as
 JSON (``dspark-bench data vocab``), to apply it to any checkpoint with ``--drafter-opt NAME.draft_vocab=FILE``.
@@ -35,7 +41,8 @@ JSON (``dspark-bench data vocab``), to apply it to any checkpoint with ``--draft
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +57,29 @@ if TYPE_CHECKING:
 STATE_KEY = "draft_vocab"  # the buffer's name, and its key in model.safetensors
 FORMAT = "dspark-bench-draft-vocab/1"
 FULL = "full"  # drafter option value: use the full head even when the checkpoint ships a list
+_exact = False  # inside exact_target_law(): target laws over S are the target's own probabilities (held-out scoring)
+
+
+@contextmanager
+def exact_target_law() -> Iterator[None]:
+    """Within: :meth:`DraftHead.target_law` gives ``p_v`` for v in S without renormalising, and the analytic
+    acceptance of every drafter's loss is exact over the full vocabulary (:func:`missing_mass`). For scoring only:
+    the loss values themselves are not those of training. Not thread-safe (a module flag)."""
+    global _exact
+    before, _exact = _exact, True
+    try:
+        yield
+    finally:
+        _exact = before
+
+
+def missing_mass(pi: torch.Tensor) -> torch.Tensor | float:
+    """The target's mass outside the draft vocabulary, ``1 - sum(pi)`` [...], inside :func:`exact_target_law`
+    (where ``pi`` is not renormalised); 0 outside it. A draft law is zero there, so this mass adds to
+    ``||q - pi||_1`` over S to give the full vocabulary's L1 distance."""
+    if not _exact:
+        return 0.0
+    return (1.0 - pi.float().sum(-1)).clamp_min(0.0)
 
 
 class VocabError(ValueError):
@@ -161,6 +191,7 @@ class DraftHead:
                  softcap: float | None = None):
         self.vocab_size, self.softcap = int(weight.shape[0]), softcap
         self.ids = None if ids is None else ids.to(weight.device)
+        self._full = (weight.detach(), None if bias is None else bias.detach())  # a view, for exact_target_law
         with torch.no_grad():  # frozen: a copy of the N rows, made once
             self.weight = weight.detach() if ids is None else weight.detach().index_select(0, self.ids)
             self.bias = None if bias is None else (bias.detach() if ids is None else bias.detach()[self.ids])
@@ -222,9 +253,16 @@ class DraftHead:
         return x if self.ids is None else x.index_select(-1, self.ids.to(x.device))
 
     def target_law(self, z: torch.Tensor) -> torch.Tensor:
-        """The target's law at final hidden states z [..., d], restricted to S and renormalised: [..., N] fp32."""
+        """The target's law at final hidden states z [..., d], restricted to S and renormalised: [..., N] fp32
+        (inside :func:`exact_target_law`: the target's probabilities of S's tokens, summing to p(S))."""
         with torch.no_grad():
-            return torch.softmax(self.sub_logits(z), dim=-1)
+            if not _exact or self.ids is None:
+                return torch.softmax(self.sub_logits(z), dim=-1)
+            weight, bias = self._full
+            logits = F.linear(z.to(weight.dtype), weight, bias)
+            if self.softcap:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            return torch.log_softmax(logits.float(), dim=-1).index_select(-1, self.ids.to(logits.device)).exp()
 
     def labels(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids y [...] as head-space indices [...] (0 where outside S) and inside [...] bool."""

@@ -196,6 +196,56 @@ def features(data_dir, out, taps, batch_size, max_length, device, dtype, threads
                  f"({manifest['bytes'] / manifest['tokens']:.0f} B/token) in [bold]{out or Path(data_dir) / 'features'}[/]")
 
 
+@data.command()
+@click.option("--drafter", "drafters", required=True, multiple=True, metavar="FOLDER",
+              help="A trained drafter checkpoint (repeat to score several on the same slots).")
+@click.option("--data", "data_dir", required=True, help="Data folder from `data generate` whose sequences to score.")
+@click.option("--n", default=128, show_default=True, type=int, help="Score the first N usable sequences.")
+@click.option("--exclude", "exclude_dirs", multiple=True, metavar="DATA",
+              help="Drop sequences whose prompt is a prompt of this (training) data folder; repeatable.")
+@click.option("--num-anchors", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Scored positions per sequence (block drafters and Eagle3; MTP scores every position).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Anchor draws (the same for every drafter).")
+@click.option("--max-length", default=2048, show_default=True, type=int)
+@click.option("--json", "json_out", default=None, help="Also write the scores here (JSON).")
+@_DEVICE
+@_DTYPE
+@_THREADS
+@_friendly
+def score(drafters, data_dir, n, exclude_dirs, num_anchors, seed, max_length, json_out, device, dtype, threads):
+    """Teacher-forced acceptance of trained drafters on held-out sequences: per draft position the exact
+    probability (over the full vocabulary) that speculative sampling at T = 1 accepts it, and the tau it implies."""
+    from dspark_bench.train.data import complete_sequences
+    from dspark_bench.train.features import OnlineFeatures
+    from dspark_bench.train.heldout import HeldOut, disjoint, load_module, training_prompts
+
+    if n < 1:
+        raise click.BadParameter(f"must be >= 1, got {n}", param_hint="--n")
+    dev = _device(device, threads)
+    seqs, rows = complete_sequences(data_dir, max_length)
+    if exclude_dirs:
+        seqs = disjoint(seqs, {p for d in exclude_dirs for p in training_prompts(d)})
+    if not seqs:
+        raise click.BadParameter(f"{data_dir}: no usable sequence among its {rows} complete rows", param_hint="--data")
+    seqs = seqs[:n]
+    tgt = _load_target(_data_target(data_dir), _dtype(dtype, dev), dev)
+    results, sets = {}, {}
+    for folder in drafters:
+        m, options, module = load_module(folder, tgt, num_anchors)
+        taps = m.taps(tgt, options)
+        if taps not in sets:  # features once per tap set
+            sets[taps] = HeldOut(seqs, OnlineFeatures(tgt, taps), seed=seed)
+        result = sets[taps].score(module, m.loss_kwargs(options))
+        results[folder] = {"method": m.name, **result.to_json()}
+        acc = " ".join(f"{a:.3f}" for a in result.acceptance)
+        stdout.print(f"{folder}  ({m.name})  tau {result.tau:.3f}  acceptance [{acc}]  "
+                     f"{result.sequences} sequences, {result.tokens} response tokens")
+    if json_out:
+        Path(json_out).write_text(json.dumps({"data": str(data_dir), "n": len(seqs), "seed": seed,
+                                              "num_anchors": num_anchors, "exclude": list(exclude_dirs),
+                                              "scores": results}, indent=2) + "\n")
+
+
 def _data_target(data_dir: str) -> str:
     from dspark_bench.train.data import read_manifest
 
@@ -233,6 +283,25 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
     return FeatureCache(folder, tgt, taps), str(folder)
 
 
+def _heldout(folder: str, n: int, max_length: int, train_dirs: tuple[str, ...], tgt, taps: tuple[int, ...]):
+    """The held-out set: the first ``n`` complete sequences of ``folder`` whose prompt is no training prompt of
+    ``train_dirs``, with their features computed now (one target forward)."""
+    from dspark_bench.train.data import complete_sequences
+    from dspark_bench.train.features import OnlineFeatures
+    from dspark_bench.train.heldout import HeldOut, disjoint, training_prompts
+
+    if n < 1:
+        raise click.BadParameter(f"must be >= 1, got {n}", param_hint="--heldout-n")
+    seqs, rows = complete_sequences(folder, max_length)
+    kept = disjoint(seqs, {p for d in train_dirs for p in training_prompts(d)})
+    if not kept:
+        raise click.BadParameter(f"{folder}: none of its {rows} complete rows is usable (every prompt is a training "
+                                 f"prompt, or no response has enough tokens)", param_hint="--heldout")
+    console.print(f"held-out set: {min(n, len(kept))} sequences of {folder} ({len(seqs) - len(kept)} of its "
+                  f"{len(seqs)} dropped: their prompt is a training prompt)")
+    return HeldOut(kept[:n], OnlineFeatures(tgt, taps))
+
+
 @click.command()
 @click.option("--method", required=True, type=click.Choice(["dspark", "dflash", "eagle3", "mtp"]))
 @click.option("--data", "data_dir", required=True, help="Data folder from `data generate`.")
@@ -261,6 +330,11 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
 @click.option("--max-length", default=2048, show_default=True, type=int)
 @click.option("--target", default=None, help="Default: the target that generated the data.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --out.")
+@click.option("--heldout", "heldout_dir", default=None, metavar="DATA",
+              help="Score the drafter on sequences of this data folder (`data generate`, e.g. another seed) every "
+                   "--heldout-every steps: exact teacher-forced acceptance, logged as `heldout` (see `data score`).")
+@click.option("--heldout-n", default=128, show_default=True, type=int, help="Held-out sequences (the first N usable).")
+@click.option("--heldout-every", default=400, show_default=True, type=click.IntRange(min=1))
 @click.option("--init-from", default=None, metavar="FOLDER",
               help="Start from this drafter checkpoint's weights (same method, target, architecture and draft "
                    "vocabulary), e.g. a shipped drafter given more steps: a new run with its own warm-up and cosine.")
@@ -270,7 +344,7 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
 @_friendly
 def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, lr, warmup, num_anchors, block_size,
           decay_gamma, num_layers, markov_rank, markov_head, ttt_length, taps, draft_vocab, seed, save_every, max_length,
-          target, resume, init_from, device, dtype, threads):
+          target, resume, heldout_dir, heldout_n, heldout_every, init_from, device, dtype, threads):
     """Train a drafter on target-regenerated data (AdamW, warm-up + cosine, exact resume)."""
     from dspark_bench.train.data import load_sequences
     from dspark_bench.train.methods import MethodOptions
@@ -292,15 +366,21 @@ def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, l
     console.print(f"training [bold]{method}[/] on {len(seqs)} sequences ({where} features), "
                   f"{m.used(options)}, {steps} steps x {batch_size} sequences"
                   + (f", from the weights of {init_from}" if init_from else ""))
+    held = _heldout(heldout_dir, heldout_n, max_length, (data_dir,), tgt, m.taps(tgt, options)) if heldout_dir else None
     with _progress(f"training {method}") as progress:
         task = progress.add_task("", total=steps)
+        last = ""
 
         def on_step(r) -> None:
+            nonlocal last
             acc = " ".join(f"{a:.2f}" for a in r.acceptance[:7])
+            if r.heldout:
+                last = f"  held-out tau {r.heldout['tau']:.3f} (step {r.step})"
             progress.update(task, completed=r.step, description=f"loss {r.loss:.3f}  tau {r.tau:.2f}  "
-                            f"alpha [{acc}]  {r.tokens_per_s:.0f} tok/s")
+                            f"alpha [{acc}]  {r.tokens_per_s:.0f} tok/s{last}")
 
-        final = run_training(config, m, tgt, seqs, source, out, resume=resume, on_step=on_step)
+        final = run_training(config, m, tgt, seqs, source, out, resume=resume, on_step=on_step, heldout=held,
+                             heldout_every=heldout_every)
     stdout.print(f"drafter written to [bold]{final}[/] (load with --drafter-opt {method}.checkpoint={final})")
 
 

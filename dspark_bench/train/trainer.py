@@ -26,7 +26,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from dspark_bench.train.methods import Method, MethodOptions
 
 if TYPE_CHECKING:
     from dspark_bench.train.data import TrainSequence
+    from dspark_bench.train.heldout import HeldOut
     from dspark_bench.train.types import TrainBatch
 
 FeatureSource = Callable[[Sequence["TrainSequence"]], "TrainBatch"]
@@ -91,6 +92,7 @@ class StepRecord:
     tokens: int  # real tokens in the batch
     tokens_per_s: float
     seconds: float
+    heldout: dict[str, Any] | None = None  # HeldOutScore.to_json() at this step, when the run scores a held-out set
 
 
 # ---- pure parts ------------------------------------------------------------------------------------------------
@@ -194,8 +196,9 @@ class Trainer:
 
     def initialise(self, source: dict[str, str]) -> None:
         """Start from the weights of the drafter checkpoint ``source`` (see :func:`init_source`) instead of fresh
-        ones: same method, target, architecture and draft vocabulary, or a :class:`TrainError` that names the
-        difference. The optimizer, schedule and data order start fresh: a new run, not a resume."""
+        ones: same method, target, architecture and draft vocabulary size, or a :class:`TrainError` that names the
+        difference; the run drafts over the checkpoint's list. The optimizer, schedule and data order start fresh:
+        a new run, not a resume."""
         from dspark_bench.drafters import checkpoint
         from dspark_bench.drafters.vocab import STATE_KEY
 
@@ -218,10 +221,12 @@ class Trainer:
                              f"(checkpoint {json.dumps({k: have.get(k) for k in diff})}, "
                              f"this run {json.dumps({k: want.get(k) for k in diff})})")
         mine, theirs = getattr(self.module, STATE_KEY, None), state.get(STATE_KEY)
-        if (mine is None) != (theirs is None) or (mine is not None and not torch.equal(mine.cpu(), theirs.long())):
+        if (mine is None) != (theirs is None) or (mine is not None and len(mine) != len(theirs)):
             sizes = [f"{len(x)} tokens" if x is not None else "the full vocabulary" for x in (theirs, mine)]
             raise TrainError(f"cannot start from {folder}: it drafts over {sizes[0]}, this run over {sizes[1]} "
-                             f"(--draft-vocab and the data decide the list; they must give the checkpoint's)")
+                             f"(--draft-vocab must be the size of the checkpoint's list, 0 for a full head)")
+        # the checkpoint's list comes with its weights (its rows are what they learnt), even where this run's data
+        # would rank other tokens among its N most frequent; the run's checkpoints and final drafter keep it
         self.module.load_state_dict({k: v.to(self.device) for k, v in state.items()}, strict=True)
 
     def restore(self, folder: Path) -> None:
@@ -315,8 +320,15 @@ def _truncate_log(path: Path, step: int) -> None:
 
 
 def train(config: TrainConfig, method: Method, target, sequences: Sequence[TrainSequence], features: FeatureSource,
-          out: str | Path, resume: bool = False, on_step: Callable[[StepRecord], None] | None = None) -> Path:
-    """Run (or resume) training to ``config.steps``; returns the folder of the final drafter checkpoint."""
+          out: str | Path, resume: bool = False, on_step: Callable[[StepRecord], None] | None = None,
+          heldout: HeldOut | None = None, heldout_every: int = 0) -> Path:
+    """Run (or resume) training to ``config.steps``; returns the folder of the final drafter checkpoint.
+
+    ``heldout``: score the module on that set every ``heldout_every`` steps and at the last step (the score goes
+    into that step's log line as ``heldout``). Scoring does not touch the training's data order, anchors or
+    weights, so it is not part of the run's settings: a resume may add, change or drop it."""
+    if heldout is not None and heldout_every < 1:
+        raise TrainError(f"heldout_every must be >= 1 when a held-out set is given, got {heldout_every}")
     out = Path(out)
     start = _prepare(out, config, resume)
     trainer = Trainer(config, method, target, sequences, features, out)
@@ -328,6 +340,9 @@ def train(config: TrainConfig, method: Method, target, sequences: Sequence[Train
     with (out / "train_log.jsonl").open("a") as log:
         while trainer.step < config.steps:
             record = trainer.train_step()
+            if heldout is not None and (record.step % heldout_every == 0 or record.step == config.steps):
+                score = heldout.score(trainer.module, method.loss_kwargs(config.options))
+                record = replace(record, heldout=score.to_json())
             log.write(json.dumps(asdict(record)) + "\n")
             log.flush()
             if record.step % config.save_every == 0 or record.step == config.steps:

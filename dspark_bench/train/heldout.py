@@ -1,0 +1,128 @@
+"""Held-out scoring of a drafter: teacher-forced acceptance on sequences it was not trained on.
+
+The training log's acceptance is measured on the step's own training sequences and, with a reduced draft
+vocabulary, conditional on the target's token being in the list (``drafters/vocab.py``). Neither is what decoding
+sees. :class:`HeldOut` scores a drafter module on a fixed set of other sequences with the loss's own teacher-forced
+machinery, under :func:`vocab.exact_target_law`: per draft position k the mean over scored slots of
+``alpha*_k = sum_v min(q_k(v), p_k(v))`` over all V tokens, the probability that speculative sampling at
+temperature 1 accepts position k's draft given the earlier draft tokens were the sequence's own. ``tau`` is
+``1 + sum_k prod_{j<=k} alpha*_j`` of those means (the training log's definition, :func:`trainer.expected_length`).
+
+Fixed: the sequences, their target features (one forward, kept in memory), the anchors (a generator seeded with
+``seed`` at every scoring) and the batches, so two checkpoints, or two steps of one run, are scored on identical
+slots. The acceptance is the mean of the batches' means (batches of ``batch_size`` sequences), as in the log.
+
+Decoding's first-position acceptance is lower than this by a selection effect: a round starts where the previous
+one was rejected, and rejections happen more often where drafting is hard, so rounds over-sample hard positions;
+this score weights every response position alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dspark_bench.drafters import vocab
+from dspark_bench.train.trainer import FeatureSource, TrainError, expected_length
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from dspark_bench.target import Target
+    from dspark_bench.train.data import TrainSequence
+    from dspark_bench.train.methods import Method, MethodOptions
+
+
+@dataclass(frozen=True)
+class HeldOutScore:
+    acceptance: list[float]  # per draft position, exact over the full vocabulary
+    tau: float
+    sequences: int
+    tokens: int  # response (loss) tokens of the sequences
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prompt_key(seq: TrainSequence) -> tuple[int, ...]:
+    return tuple(seq.input_ids[: seq.loss_start])
+
+
+def training_prompts(folder: str | Path) -> set[tuple[int, ...]]:
+    """The rendered prompts of every row of a data folder (short responses included)."""
+    from dspark_bench.train.data import read_rows
+
+    return {tuple(r["prompt_ids"]) for r in read_rows(folder)}
+
+
+def disjoint(heldout: Sequence[TrainSequence], prompts: Iterable[tuple[int, ...]]) -> list[TrainSequence]:
+    """The held-out sequences whose rendered prompt is none of ``prompts`` (:func:`training_prompts`)."""
+    seen = set(prompts)
+    return [s for s in heldout if prompt_key(s) not in seen]
+
+
+class HeldOut:
+    """A fixed held-out set with its features computed once (``features``: a trainer feature source)."""
+
+    def __init__(self, sequences: Sequence[TrainSequence], features: FeatureSource, batch_size: int = 4,
+                 seed: int = 0):
+        if not sequences:
+            raise TrainError("the held-out set is empty (after dropping sequences whose prompt is a training prompt)")
+        seqs = sorted(sequences, key=lambda s: (len(s.input_ids), s.id))  # similar lengths share a batch: less padding
+        self.seed, self.sequences = seed, len(seqs)
+        self.tokens = sum(s.loss_tokens for s in seqs)
+        self.batches = [features(seqs[i : i + batch_size]) for i in range(0, len(seqs), batch_size)]
+
+    def score(self, module: nn.Module, loss_kwargs: dict[str, Any]) -> HeldOutScore:
+        was_training = module.training
+        module.eval()
+        generator = torch.Generator().manual_seed(self.seed)
+        try:
+            with torch.no_grad(), vocab.exact_target_law():
+                means = [module.loss(b, generator, **loss_kwargs).acceptance.float().cpu() for b in self.batches]
+        finally:
+            module.train(was_training)
+        acceptance = torch.stack(means).mean(0).tolist()
+        return HeldOutScore(acceptance, expected_length(acceptance), self.sequences, self.tokens)
+
+
+def options_of(meta: dict[str, Any], num_anchors: int) -> MethodOptions:
+    """The method options that rebuild a saved drafter's architecture (its ``config.json``)."""
+    from dspark_bench.train.methods import MethodOptions
+
+    cfg = meta.get("config") or {}
+    taps = tuple(cfg["taps"]) if cfg.get("taps") is not None else None
+    if meta.get("method") in ("dspark", "dflash"):
+        return MethodOptions(num_layers=cfg["num_layers"], markov_rank=cfg.get("markov_rank") or 64,
+                             block_size=cfg["block_size"], num_anchors=num_anchors, taps=taps,
+                             markov_head=cfg.get("markov_head_type") or "vanilla")
+    return MethodOptions(num_anchors=num_anchors, taps=taps)
+
+
+def load_module(folder: str | Path, target: Target, num_anchors: int = 64,
+                ttt_length: int = 7) -> tuple[Method, MethodOptions, nn.Module]:
+    """A trainable module holding the drafter checkpoint in ``folder`` (fp32), with its draft-token list."""
+    from dspark_bench.drafters import checkpoint
+    from dspark_bench.train.methods import METHODS
+
+    meta, state = checkpoint.load(folder)
+    name = meta.get("method")
+    if name not in METHODS:
+        raise TrainError(f"{folder} holds a {name!r} drafter; scoring takes {', '.join(METHODS)}")
+    checkpoint.check_target(meta, target)
+    from dataclasses import replace
+
+    m, options = METHODS[name], replace(options_of(meta, num_anchors), ttt_length=ttt_length)
+    module = m.build(target, options)
+    if vocab.STATE_KEY in state:
+        module.set_draft_vocab(state[vocab.STATE_KEY].long())
+    try:
+        module.load_state_dict({k: v.to(target.device, torch.float32) if v.is_floating_point() else v.to(target.device)
+                                for k, v in state.items()}, strict=True)
+    except RuntimeError as exc:
+        raise TrainError(f"{folder} does not fit the {name} architecture its config.json describes: {exc}") from None
+    return m, options, module
