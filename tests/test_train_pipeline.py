@@ -566,15 +566,6 @@ def test_heldout_scoring_during_training_changes_nothing_but_the_log(target, tmp
         trainer.train(config, m, target, seqs, source, tmp_path / "bad", heldout=held)
 
 
-def test_heldout_set_drops_sequences_whose_prompt_is_a_training_prompt():
-    from dspark_bench.train import heldout
-
-    train = [data.TrainSequence("a", (5, 6, 7, 8), 2), data.TrainSequence("b", (9, 9, 1), 1)]
-    held = [data.TrainSequence("x", (5, 6, 1, 1), 2), data.TrainSequence("y", (5, 6, 7, 1), 3),
-            data.TrainSequence("z", (9, 2), 1)]
-    assert [s.id for s in heldout.disjoint(held, [heldout.prompt_key(s) for s in train])] == ["y"]
-
-
 def test_cli_data_score_scores_checkpoints_on_held_out_sequences(target, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
@@ -583,8 +574,8 @@ def test_cli_data_score_scores_checkpoints_on_held_out_sequences(target, tmp_pat
 
     spec = data.GenerationSpec("tiny", n=6, seed=5, max_new_tokens=24, batch_size=3, shard_size=3, dtype="fp32")
     folder, other = tmp_path / "held", tmp_path / "train"
-    data.generate(target, prompts.build_prompts(6, seed=1), folder, spec, render=render)
-    data.generate(target, prompts.build_prompts(6, seed=1)[:3], other, replace(spec, n=3), render=render)
+    data.generate(target, prompts.build_prompts(6, seed=5), folder, spec, render=render)
+    data.generate(target, prompts.build_prompts(3, seed=5), other, replace(spec, n=3), render=render)
     m, options = methods.method("mtp"), methods.MethodOptions(draft_vocab=30)
     config = trainer.TrainConfig("mtp", steps=2, batch_size=2, lr=3e-3, warmup=1, save_every=100, options=options)
     source = features.OnlineFeatures(target, ())
@@ -600,9 +591,18 @@ def test_cli_data_score_scores_checkpoints_on_held_out_sequences(target, tmp_pat
     want = heldout.HeldOut(seqs, source).score(heldout.load_module(ckpt, target)[2], {})
     assert got["n"] == len(seqs) and got["scores"][str(ckpt)] == {"method": "mtp", **want.to_json()}
     assert "tau" in result.output
-    result = runner.invoke(train_cli.cli, [*args, "--exclude", str(other)])  # the first 3 prompts are training ones
+    # build_prompts(3) is a part of build_prompts(6): 3 training prompts, counted before they are generated
+    (other / data.RESPONSES).write_text((other / data.RESPONSES).read_text().splitlines(keepends=True)[0])
+    result = runner.invoke(train_cli.cli, [*args, "--exclude", str(other)])
     assert result.exit_code == 0, result.output
-    shared = {tuple(r["prompt_ids"]) for r in data.read_rows(other)}
-    assert len(shared) == 3 and json.loads(out.read_text())["n"] == sum(heldout.prompt_key(s) not in shared for s in seqs) < len(seqs)
+    shared = {p.text for p in prompts.build_prompts(3, seed=5)}
+    rows = data.read_rows(folder)
+    assert json.loads(out.read_text())["dropped"] == 3 == sum(r["prompt"] in shared for r in rows)
+    shared_ids = {r["id"] for r in rows if r["prompt"] in shared}
+    assert json.loads(out.read_text())["n"] == sum(s.id not in shared_ids for s in seqs) < len(seqs)
     result = runner.invoke(train_cli.cli, [*args, "--n", "0"])
     assert result.exit_code == 2 and "--n" in result.output
+    odd = tmp_path / "odd"  # prompts that are not build_prompts(n, seed) of its spec: they cannot be listed
+    data.generate(target, prompts.build_prompts(3, seed=1), odd, replace(spec, n=3), render=render)
+    with pytest.raises(data.DataError, match="cannot be listed"):
+        heldout.planned_prompts(odd)

@@ -202,7 +202,8 @@ def features(data_dir, out, taps, batch_size, max_length, device, dtype, threads
 @click.option("--data", "data_dir", required=True, help="Data folder from `data generate` whose sequences to score.")
 @click.option("--n", default=128, show_default=True, type=int, help="Score the first N usable sequences.")
 @click.option("--exclude", "exclude_dirs", multiple=True, metavar="DATA",
-              help="Drop sequences whose prompt is a prompt of this (training) data folder; repeatable.")
+              help="Drop sequences whose prompt is one of this (training) data folder's prompts, generated or still "
+                   "to be; repeatable.")
 @click.option("--num-anchors", default=64, show_default=True, type=click.IntRange(min=1),
               help="Scored positions per sequence (block drafters and Eagle3; MTP scores every position).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Anchor draws (the same for every drafter).")
@@ -215,18 +216,16 @@ def features(data_dir, out, taps, batch_size, max_length, device, dtype, threads
 def score(drafters, data_dir, n, exclude_dirs, num_anchors, seed, max_length, json_out, device, dtype, threads):
     """Teacher-forced acceptance of trained drafters on held-out sequences: per draft position the exact
     probability (over the full vocabulary) that speculative sampling at T = 1 accepts it, and the tau it implies."""
-    from dspark_bench.train.data import complete_sequences
     from dspark_bench.train.features import OnlineFeatures
-    from dspark_bench.train.heldout import HeldOut, disjoint, load_module, training_prompts
+    from dspark_bench.train.heldout import HeldOut, heldout_sequences, load_module
 
     if n < 1:
         raise click.BadParameter(f"must be >= 1, got {n}", param_hint="--n")
     dev = _device(device, threads)
-    seqs, rows = complete_sequences(data_dir, max_length)
-    if exclude_dirs:
-        seqs = disjoint(seqs, {p for d in exclude_dirs for p in training_prompts(d)})
+    seqs, dropped = heldout_sequences(data_dir, exclude_dirs, max_length)
     if not seqs:
-        raise click.BadParameter(f"{data_dir}: no usable sequence among its {rows} complete rows", param_hint="--data")
+        raise click.BadParameter(f"{data_dir}: no usable sequence ({dropped} rows dropped by --exclude)",
+                                 param_hint="--data")
     seqs = seqs[:n]
     tgt = _load_target(_data_target(data_dir), _dtype(dtype, dev), dev)
     results, sets = {}, {}
@@ -241,7 +240,7 @@ def score(drafters, data_dir, n, exclude_dirs, num_anchors, seed, max_length, js
         stdout.print(f"{folder}  ({m.name})  tau {result.tau:.3f}  acceptance [{acc}]  "
                      f"{result.sequences} sequences, {result.tokens} response tokens")
     if json_out:
-        Path(json_out).write_text(json.dumps({"data": str(data_dir), "n": len(seqs), "seed": seed,
+        Path(json_out).write_text(json.dumps({"data": str(data_dir), "n": len(seqs), "dropped": dropped, "seed": seed,
                                               "num_anchors": num_anchors, "exclude": list(exclude_dirs),
                                               "scores": results}, indent=2) + "\n")
 
@@ -283,23 +282,21 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
     return FeatureCache(folder, tgt, taps), str(folder)
 
 
-def _heldout(folder: str, n: int, max_length: int, train_dirs: tuple[str, ...], tgt, taps: tuple[int, ...]):
-    """The held-out set: the first ``n`` complete sequences of ``folder`` whose prompt is no training prompt of
-    ``train_dirs``, with their features computed now (one target forward)."""
-    from dspark_bench.train.data import complete_sequences
+def _heldout(folder: str, n: int, max_length: int, exclude: tuple[str, ...], tgt, taps: tuple[int, ...]):
+    """The held-out set: the first ``n`` usable sequences of ``folder`` whose prompt is no prompt of the data
+    folders ``exclude``, with their features computed now (one target forward)."""
     from dspark_bench.train.features import OnlineFeatures
-    from dspark_bench.train.heldout import HeldOut, disjoint, training_prompts
+    from dspark_bench.train.heldout import HeldOut, heldout_sequences
 
     if n < 1:
         raise click.BadParameter(f"must be >= 1, got {n}", param_hint="--heldout-n")
-    seqs, rows = complete_sequences(folder, max_length)
-    kept = disjoint(seqs, {p for d in train_dirs for p in training_prompts(d)})
-    if not kept:
-        raise click.BadParameter(f"{folder}: none of its {rows} complete rows is usable (every prompt is a training "
-                                 f"prompt, or no response has enough tokens)", param_hint="--heldout")
-    console.print(f"held-out set: {min(n, len(kept))} sequences of {folder} ({len(seqs) - len(kept)} of its "
-                  f"{len(seqs)} dropped: their prompt is a training prompt)")
-    return HeldOut(kept[:n], OnlineFeatures(tgt, taps))
+    seqs, dropped = heldout_sequences(folder, exclude, max_length)
+    if not seqs:
+        raise click.BadParameter(f"{folder}: no usable sequence ({dropped} rows dropped: their prompt is a training "
+                                 f"prompt)", param_hint="--heldout")
+    console.print(f"held-out set: {min(n, len(seqs))} sequences of {folder} ({dropped} rows dropped: their prompt "
+                  f"is a prompt of {', '.join(exclude)})")
+    return HeldOut(seqs[:n], OnlineFeatures(tgt, taps))
 
 
 @click.command()
@@ -334,6 +331,8 @@ def _heldout(folder: str, n: int, max_length: int, train_dirs: tuple[str, ...], 
               help="Score the drafter on sequences of this data folder (`data generate`, e.g. another seed) every "
                    "--heldout-every steps: exact teacher-forced acceptance, logged as `heldout` (see `data score`).")
 @click.option("--heldout-n", default=128, show_default=True, type=int, help="Held-out sequences (the first N usable).")
+@click.option("--heldout-exclude", multiple=True, metavar="DATA",
+              help="Also drop held-out sequences whose prompt is a prompt of this data folder (always: --data's).")
 @click.option("--heldout-every", default=400, show_default=True, type=click.IntRange(min=1))
 @click.option("--init-from", default=None, metavar="FOLDER",
               help="Start from this drafter checkpoint's weights (same method, target, architecture and draft "
@@ -344,7 +343,7 @@ def _heldout(folder: str, n: int, max_length: int, train_dirs: tuple[str, ...], 
 @_friendly
 def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, lr, warmup, num_anchors, block_size,
           decay_gamma, num_layers, markov_rank, markov_head, ttt_length, taps, draft_vocab, seed, save_every, max_length,
-          target, resume, heldout_dir, heldout_n, heldout_every, init_from, device, dtype, threads):
+          target, resume, heldout_dir, heldout_n, heldout_exclude, heldout_every, init_from, device, dtype, threads):
     """Train a drafter on target-regenerated data (AdamW, warm-up + cosine, exact resume)."""
     from dspark_bench.train.data import load_sequences
     from dspark_bench.train.methods import MethodOptions
@@ -366,7 +365,8 @@ def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, l
     console.print(f"training [bold]{method}[/] on {len(seqs)} sequences ({where} features), "
                   f"{m.used(options)}, {steps} steps x {batch_size} sequences"
                   + (f", from the weights of {init_from}" if init_from else ""))
-    held = _heldout(heldout_dir, heldout_n, max_length, (data_dir,), tgt, m.taps(tgt, options)) if heldout_dir else None
+    held = (_heldout(heldout_dir, heldout_n, max_length, (data_dir, *heldout_exclude), tgt, m.taps(tgt, options))
+            if heldout_dir else None)
     with _progress(f"training {method}") as progress:
         task = progress.add_task("", total=steps)
         last = ""

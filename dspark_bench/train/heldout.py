@@ -48,21 +48,32 @@ class HeldOutScore:
         return asdict(self)
 
 
-def prompt_key(seq: TrainSequence) -> tuple[int, ...]:
-    return tuple(seq.input_ids[: seq.loss_start])
+def planned_prompts(folder: str | Path) -> set[str]:
+    """Every prompt text a data folder holds or will hold once generated: its manifest's prompt set, rebuilt from
+    the spec's n and seed and checked against the recorded sha256 (a folder still being generated included)."""
+    from dspark_bench.train.data import DataError, prompt_hash, read_manifest
+    from dspark_bench.train.prompts import build_prompts
+
+    manifest = read_manifest(folder)
+    spec = manifest["spec"]
+    items = build_prompts(spec["n"], spec["seed"])
+    if prompt_hash(items) != manifest["prompts"]["sha256"]:
+        raise DataError(f"{folder}: its prompts are not build_prompts(n={spec['n']}, seed={spec['seed']}) (sha256 "
+                        f"differs from its manifest), so the prompts it will hold cannot be listed")
+    return {p.text for p in items}
 
 
-def training_prompts(folder: str | Path) -> set[tuple[int, ...]]:
-    """The rendered prompts of every row of a data folder (short responses included)."""
-    from dspark_bench.train.data import read_rows
+def heldout_sequences(folder: str | Path, exclude: Iterable[str | Path] = (), max_length: int = 2048,
+                      ) -> tuple[list[TrainSequence], int]:
+    """The sequences of the complete rows of ``folder`` (file order) whose prompt is none of the prompts of the
+    data folders ``exclude`` (:func:`planned_prompts`), and how many were dropped for that."""
+    from dspark_bench.train.data import MIN_LOSS_TOKENS, complete_rows, training_sequence
 
-    return {tuple(r["prompt_ids"]) for r in read_rows(folder)}
-
-
-def disjoint(heldout: Sequence[TrainSequence], prompts: Iterable[tuple[int, ...]]) -> list[TrainSequence]:
-    """The held-out sequences whose rendered prompt is none of ``prompts`` (:func:`training_prompts`)."""
-    seen = set(prompts)
-    return [s for s in heldout if prompt_key(s) not in seen]
+    taken = set().union(*(planned_prompts(d) for d in exclude)) if exclude else set()
+    rows = complete_rows(folder)
+    kept = [r for r in rows if r["prompt"] not in taken]
+    seqs = [training_sequence(r, max_length) for r in kept]
+    return [s for s in seqs if s.loss_tokens >= MIN_LOSS_TOKENS], len(rows) - len(kept)
 
 
 class HeldOut:
