@@ -15,13 +15,12 @@ large gain_q3 means the rise ended with the rate, not with what the data can tea
 would call the shipped 480-step runs flat, though they rose 5% over their last quarter. A run still in progress is
 judged on its steps so far and marked as such.
 
-Training tau is measured on the step's own training sequences, which the drafter sees again every epoch, so it
-also rises by memorising them (issue 16, session 22: the shipped DSpark drafter's tau was 2.00 on 48 of its training
-sequences and 1.78 on fresh responses to the same prompts). A run trained with ``--heldout`` logs the exact
-teacher-forced acceptance on sequences it never trains on (``heldout`` in its log lines); then the table adds the
-held-out tau at each scored step and the rule is judged on it: **heldout gain** is the last held-out tau over the
-one scored at or before three quarters of the last step, minus 1, and the run is **flat (held-out)** when that is
-below 1%.
+Training tau is measured on the step's own training sequences (seen again every epoch) and, with a reduced draft
+vocabulary, conditional on the target's token being in the list. A run trained with ``--heldout`` also logs the
+exact teacher-forced acceptance on sequences it never trains on (``heldout`` in its log lines, see
+``dspark_bench/train/heldout.py``); then the report adds the held-out tau at each scored step and judges the rule on
+it too: **heldout gain** is the last held-out tau over the one scored at or before three quarters of the last step,
+minus 1, and the run is **flat (held-out)** when that is below 1%.
 """
 
 from __future__ import annotations

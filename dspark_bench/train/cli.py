@@ -290,6 +290,7 @@ def _heldout(folder: str, n: int, max_length: int, exclude: tuple[str, ...], tgt
 
     if n < 1:
         raise click.BadParameter(f"must be >= 1, got {n}", param_hint="--heldout-n")
+    exclude = tuple(dict.fromkeys(exclude))
     seqs, dropped = heldout_sequences(folder, exclude, max_length)
     if not seqs:
         raise click.BadParameter(f"{folder}: no usable sequence ({dropped} rows dropped: their prompt is a training "
