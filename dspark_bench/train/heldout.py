@@ -20,7 +20,7 @@ this score weights every response position alike.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +63,8 @@ def planned_prompts(folder: str | Path) -> set[str]:
     return {p.text for p in items}
 
 
-def heldout_sequences(folder: str | Path, exclude: Iterable[str | Path] = (), max_length: int = 2048,
-                      ) -> tuple[list[TrainSequence], int]:
+def heldout_sequences(folder: str | Path, exclude: Iterable[str | Path] = (),
+                      max_length: int = 2048) -> tuple[list[TrainSequence], int]:
     """The sequences of the complete rows of ``folder`` (file order) whose prompt is none of the prompts of the
     data folders ``exclude`` (:func:`planned_prompts`), and how many were dropped for that."""
     from dspark_bench.train.data import MIN_LOSS_TOKENS, complete_rows, training_sequence
@@ -125,8 +125,6 @@ def load_module(folder: str | Path, target: Target, num_anchors: int = 64,
     if name not in METHODS:
         raise TrainError(f"{folder} holds a {name!r} drafter; scoring takes {', '.join(METHODS)}")
     checkpoint.check_target(meta, target)
-    from dataclasses import replace
-
     m, options = METHODS[name], replace(options_of(meta, num_anchors), ttt_length=ttt_length)
     module = m.build(target, options)
     if vocab.STATE_KEY in state:
