@@ -200,7 +200,8 @@ def features(data_dir, out, taps, batch_size, max_length, device, dtype, threads
 @click.option("--drafter", "drafters", required=True, multiple=True, metavar="FOLDER",
               help="A trained drafter checkpoint (repeat to score several on the same slots).")
 @click.option("--data", "data_dir", required=True, help="Data folder from `data generate` whose sequences to score.")
-@click.option("--n", default=128, show_default=True, type=int, help="Score the first N usable sequences.")
+@click.option("--n", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Score the first N usable sequences.")
 @click.option("--exclude", "exclude_dirs", multiple=True, metavar="DATA",
               help="Drop sequences whose prompt is one of this (training) data folder's prompts, generated or still "
                    "to be; repeatable.")
@@ -217,16 +218,10 @@ def score(drafters, data_dir, n, exclude_dirs, num_anchors, seed, max_length, js
     """Teacher-forced acceptance of trained drafters on held-out sequences: per draft position the exact
     probability (over the full vocabulary) that speculative sampling at T = 1 accepts it, and the tau it implies."""
     from dspark_bench.train.features import OnlineFeatures
-    from dspark_bench.train.heldout import HeldOut, heldout_sequences, load_module
+    from dspark_bench.train.heldout import HeldOut, load_module
 
-    if n < 1:
-        raise click.BadParameter(f"must be >= 1, got {n}", param_hint="--n")
     dev = _device(device, threads)
-    seqs, dropped = heldout_sequences(data_dir, exclude_dirs, max_length)
-    if not seqs:
-        raise click.BadParameter(f"{data_dir}: no usable sequence ({dropped} rows dropped by --exclude)",
-                                 param_hint="--data")
-    seqs = seqs[:n]
+    seqs, dropped, _ = _heldout_seqs(data_dir, n, exclude_dirs, max_length, "--data")
     tgt = _load_target(_data_target(data_dir), _dtype(dtype, dev), dev)
     results, sets = {}, {}
     for folder in drafters:
@@ -282,22 +277,28 @@ def _feature_source(mode: str, tgt, data_dir: str, taps: tuple[int, ...], max_le
     return FeatureCache(folder, tgt, taps), str(folder)
 
 
-def _heldout(folder: str, n: int, max_length: int, exclude: tuple[str, ...], tgt, taps: tuple[int, ...]):
-    """The held-out set: the first ``n`` usable sequences of ``folder`` whose prompt is no prompt of the data
-    folders ``exclude``, with their features computed now (one target forward)."""
-    from dspark_bench.train.features import OnlineFeatures
-    from dspark_bench.train.heldout import HeldOut, heldout_sequences
+def _heldout_seqs(folder: str, n: int, exclude: tuple[str, ...], max_length: int, hint: str):
+    """The first ``n`` usable sequences of ``folder`` whose prompt is no prompt of the data folders ``exclude``
+    (each named once), how many rows were dropped for that, and the folders; a clear error when none is left."""
+    from dspark_bench.train.heldout import heldout_sequences
 
-    if n < 1:
-        raise click.BadParameter(f"must be >= 1, got {n}", param_hint="--heldout-n")
     exclude = tuple(dict.fromkeys(exclude))
     seqs, dropped = heldout_sequences(folder, exclude, max_length)
     if not seqs:
-        raise click.BadParameter(f"{folder}: no usable sequence ({dropped} rows dropped: their prompt is a training "
-                                 f"prompt)", param_hint="--heldout")
-    console.print(f"held-out set: {min(n, len(seqs))} sequences of {folder} ({dropped} rows dropped: their prompt "
+        raise click.BadParameter(f"{folder}: no usable sequence ({dropped} rows dropped: their prompt is a prompt "
+                                 f"of {', '.join(exclude)})", param_hint=hint)
+    return seqs[:n], dropped, exclude
+
+
+def _heldout(folder: str, n: int, max_length: int, exclude: tuple[str, ...], tgt, taps: tuple[int, ...]):
+    """The held-out set of ``train --heldout``, with its features computed now (one target forward)."""
+    from dspark_bench.train.features import OnlineFeatures
+    from dspark_bench.train.heldout import HeldOut
+
+    seqs, dropped, exclude = _heldout_seqs(folder, n, exclude, max_length, "--heldout")
+    console.print(f"held-out set: {len(seqs)} sequences of {folder} ({dropped} rows dropped: their prompt "
                   f"is a prompt of {', '.join(exclude)})")
-    return HeldOut(seqs[:n], OnlineFeatures(tgt, taps))
+    return HeldOut(seqs, OnlineFeatures(tgt, taps))
 
 
 @click.command()
@@ -331,7 +332,8 @@ def _heldout(folder: str, n: int, max_length: int, exclude: tuple[str, ...], tgt
 @click.option("--heldout", "heldout_dir", default=None, metavar="DATA",
               help="Score the drafter on sequences of this data folder (`data generate`, e.g. another seed) every "
                    "--heldout-every steps: exact teacher-forced acceptance, logged as `heldout` (see `data score`).")
-@click.option("--heldout-n", default=128, show_default=True, type=int, help="Held-out sequences (the first N usable).")
+@click.option("--heldout-n", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Held-out sequences (the first N usable).")
 @click.option("--heldout-exclude", multiple=True, metavar="DATA",
               help="Also drop held-out sequences whose prompt is a prompt of this data folder (always: --data's).")
 @click.option("--heldout-every", default=400, show_default=True, type=click.IntRange(min=1))
