@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from conftest import tiny_target
 from torch import nn
 
+from dspark_bench.drafters import vocab
 from dspark_bench.train import data, features, methods, prompts, trainer
 from dspark_bench.train.types import LossOutput
 
@@ -78,6 +79,10 @@ def test_generation_resumes_to_the_same_file(target, tmp_path):
     assert all(r["finish_reason"] in ("stop", "length") and 2 not in r["response_ids"] for r in rows)
     with pytest.raises(data.DataError, match="other settings"):
         data.generate(target, items, whole, replace(spec, temperature=0.9), render=render)
+    # a folder whose first shard is still being generated is a data folder with no rows yet
+    started = tmp_path / "started"
+    assert data.generate(target, items, started, spec, render=render, max_shards=0) == 0
+    assert data.complete_rows(started) == [] and data.read_rows(started) == []
 
 
 def test_loss_mask_covers_exactly_the_response():
@@ -320,7 +325,7 @@ def test_init_from_starts_a_new_run_from_a_checkpoints_weights_and_refuses_one_t
         trainer.train(replace(init, steps=1, init_from=None), m, target, seqs, source, tmp_path / "second",
                       resume=True)
 
-    with pytest.raises(trainer.TrainError, match="'dspark' drafter; --init-from needs a 'dflash' one"):
+    with pytest.raises(trainer.TrainError, match="holds a 'dspark' drafter; --init-from needs 'dflash'"):
         trainer.Trainer(replace(base, method="dflash"), methods.method("dflash"), target, seqs, source,
                         tmp_path / "z").initialise(start)
     with pytest.raises(trainer.TrainError, match="architecture differs in num_layers"):
@@ -602,6 +607,28 @@ def test_cli_data_score_scores_checkpoints_on_held_out_sequences(target, tmp_pat
     assert json.loads(out.read_text())["n"] == sum(s.id not in shared_ids for s in seqs) < len(seqs)
     result = runner.invoke(train_cli.cli, [*args, "--n", "0"])
     assert result.exit_code == 2 and "--n" in result.output
+    # --draft-vocab: the same module scored over another list; the checkpoint's own list as a file changes nothing
+    module = heldout.load_module(ckpt, target)[2]
+    own = vocab.write_vocab(tmp_path / "own.json", module.draft_vocab.cpu(), {})
+    full_args = [*args, "--draft-vocab"]
+    result = runner.invoke(train_cli.cli, [*full_args, str(own)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["scores"][str(ckpt)] == {"method": "mtp", **want.to_json()}
+    result = runner.invoke(train_cli.cli, [*full_args, "full"])
+    assert result.exit_code == 0, result.output
+    module.set_draft_vocab(None)
+    full = heldout.HeldOut(seqs, source).score(module, {})
+    got = json.loads(out.read_text())
+    assert got["draft_vocab"] == "full" and got["scores"][str(ckpt)] == {"method": "mtp", **full.to_json()}
+    assert full.acceptance != want.acceptance  # the list of 30 tokens leaves out most of the target's mass
+    result = runner.invoke(train_cli.cli, [*full_args, str(tmp_path / "nowhere.json")])
+    assert result.exit_code == 2 and "--draft-vocab" in result.output and "nowhere.json" in result.output
+    result = runner.invoke(train_cli.cli, ["data", "score", "--drafter", str(tmp_path / "run"), "--data", str(folder)])
+    assert result.exit_code == 2 and "--drafter" in result.output and "not a drafter checkpoint" in result.output
+    empty = tmp_path / "empty"  # generation started, no shard complete yet
+    data.generate(target, prompts.build_prompts(3, seed=5), empty, replace(spec, n=3), render=render, max_shards=0)
+    result = runner.invoke(train_cli.cli, ["data", "score", "--drafter", str(ckpt), "--data", str(empty)])
+    assert result.exit_code == 2 and "no usable sequence" in result.output
     odd = tmp_path / "odd"  # prompts that are not build_prompts(n, seed) of its spec: they cannot be listed
     data.generate(target, prompts.build_prompts(3, seed=1), odd, replace(spec, n=3), render=render)
     with pytest.raises(data.DataError, match="cannot be listed"):

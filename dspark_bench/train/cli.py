@@ -209,23 +209,34 @@ def features(data_dir, out, taps, batch_size, max_length, device, dtype, threads
               help="Scored positions per sequence (block drafters and Eagle3; MTP scores every position).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Anchor draws (the same for every drafter).")
 @click.option("--max-length", default=2048, show_default=True, type=int)
+@click.option("--draft-vocab", "draft_vocab", default=None, metavar="full|FILE",
+              help="Score every drafter over this draft vocabulary instead of its checkpoint's list: 'full' (the "
+                   "whole LM head) or a list from `dspark-bench data vocab`. Default: each checkpoint's own.")
 @click.option("--json", "json_out", default=None, help="Also write the scores here (JSON).")
 @_DEVICE
 @_DTYPE
 @_THREADS
 @_friendly
-def score(drafters, data_dir, n, exclude_dirs, num_anchors, seed, max_length, json_out, device, dtype, threads):
+def score(drafters, data_dir, n, exclude_dirs, num_anchors, seed, max_length, draft_vocab, json_out, device, dtype,
+          threads):
     """Teacher-forced acceptance of trained drafters on held-out sequences: per draft position the exact
     probability (over the full vocabulary) that speculative sampling at T = 1 accepts it, and the tau it implies."""
+    from dspark_bench.drafters import vocab
     from dspark_bench.train.features import OnlineFeatures
     from dspark_bench.train.heldout import HeldOut, load_module
 
+    if draft_vocab is not None and draft_vocab != vocab.FULL:
+        try:
+            vocab.read_vocab(draft_vocab)
+        except vocab.VocabError as exc:
+            raise click.BadParameter(str(exc), param_hint="--draft-vocab") from None
     dev = _device(device, threads)
     seqs, dropped, _ = _heldout_seqs(data_dir, n, exclude_dirs, max_length, "--data")
     tgt = _load_target(_data_target(data_dir), _dtype(dtype, dev), dev)
     results, sets = {}, {}
     for folder in drafters:
         m, options, module = load_module(folder, tgt, num_anchors)
+        vocab.choose(module, draft_vocab)
         taps = m.taps(tgt, options)
         if taps not in sets:  # features once per tap set
             sets[taps] = HeldOut(seqs, OnlineFeatures(tgt, taps), seed=seed)
@@ -237,6 +248,7 @@ def score(drafters, data_dir, n, exclude_dirs, num_anchors, seed, max_length, js
     if json_out:
         Path(json_out).write_text(json.dumps({"data": str(data_dir), "n": len(seqs), "dropped": dropped, "seed": seed,
                                               "num_anchors": num_anchors, "exclude": list(exclude_dirs),
+                                              "draft_vocab": draft_vocab or "checkpoint",
                                               "scores": results}, indent=2) + "\n")
 
 

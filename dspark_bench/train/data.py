@@ -117,6 +117,7 @@ def generate(target: Target, prompts: Sequence[TrainPrompt], folder: str | Path,
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     _write_or_check_manifest(folder, spec, prompts, target)
+    (folder / RESPONSES).touch()  # a folder being generated reads as one with no rows yet, not as no data folder
     shards = [list(prompts[i : i + spec.shard_size]) for i in range(0, len(prompts), spec.shard_size)]
     done = _complete_shards(folder / RESPONSES, [len(s) for s in shards])
     render = render or target.render

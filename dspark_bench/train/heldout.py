@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dspark_bench.drafters import vocab
-from dspark_bench.train.trainer import FeatureSource, TrainError, expected_length
+from dspark_bench.train.trainer import FeatureSource, TrainError, expected_length, load_weights, read_drafter
 
 if TYPE_CHECKING:
     from torch import nn
@@ -117,21 +117,12 @@ def options_of(meta: dict[str, Any], num_anchors: int) -> MethodOptions:
 def load_module(folder: str | Path, target: Target, num_anchors: int = 64,
                 ttt_length: int = 7) -> tuple[Method, MethodOptions, nn.Module]:
     """A trainable module holding the drafter checkpoint in ``folder`` (fp32), with its draft-token list."""
-    from dspark_bench.drafters import checkpoint
     from dspark_bench.train.methods import METHODS
 
-    meta, state = checkpoint.load(folder)
-    name = meta.get("method")
-    if name not in METHODS:
-        raise TrainError(f"{folder} holds a {name!r} drafter; scoring takes {', '.join(METHODS)}")
-    checkpoint.check_target(meta, target)
-    m, options = METHODS[name], replace(options_of(meta, num_anchors), ttt_length=ttt_length)
+    meta, state = read_drafter(folder, target, tuple(METHODS), "--drafter")
+    m, options = METHODS[meta["method"]], replace(options_of(meta, num_anchors), ttt_length=ttt_length)
     module = m.build(target, options)
     if vocab.STATE_KEY in state:
         module.set_draft_vocab(state[vocab.STATE_KEY].long())
-    try:
-        module.load_state_dict({k: v.to(target.device, torch.float32) if v.is_floating_point() else v.to(target.device)
-                                for k, v in state.items()}, strict=True)
-    except RuntimeError as exc:
-        raise TrainError(f"{folder} does not fit the {name} architecture its config.json describes: {exc}") from None
+    load_weights(module, state, folder, target.device, torch.float32)
     return m, options, module

@@ -35,6 +35,7 @@ import torch
 from dspark_bench.train.methods import Method, MethodOptions
 
 if TYPE_CHECKING:
+    from dspark_bench.target import Target
     from dspark_bench.train.data import TrainSequence
     from dspark_bench.train.heldout import HeldOut
     from dspark_bench.train.types import TrainBatch
@@ -199,21 +200,13 @@ class Trainer:
         ones: same method, target, architecture and draft vocabulary size, or a :class:`TrainError` that names the
         difference; the run drafts over the checkpoint's list. The optimizer, schedule and data order start fresh:
         a new run, not a resume."""
-        from dspark_bench.drafters import checkpoint
         from dspark_bench.drafters.vocab import STATE_KEY
 
         folder = Path(source["folder"])
         if init_source(folder) != source:
             raise TrainError(f"{folder} changed since this run was started from it (model.safetensors' sha256 "
                              f"differs from the run's train_config.json)")
-        meta, state = checkpoint.load(folder)
-        if meta.get("method") != self.method.name:
-            raise TrainError(f"{folder} holds a {meta.get('method')!r} drafter; --init-from needs a "
-                             f"{self.method.name!r} one")
-        try:
-            checkpoint.check_target(meta, self.target)
-        except checkpoint.CheckpointError as exc:
-            raise TrainError(f"cannot start from {folder}: {exc}") from None
+        meta, state = read_drafter(folder, self.target, (self.method.name,), "--init-from")
         have, want = _json(meta.get("config")), _json(_arch(self.module))
         diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
         if diff:
@@ -227,7 +220,7 @@ class Trainer:
                              f"(--draft-vocab must be the size of the checkpoint's list, 0 for a full head)")
         # the checkpoint's list comes with its weights (its rows are what they learnt), even where this run's data
         # would rank other tokens among its N most frequent; the run's checkpoints and final drafter keep it
-        self.module.load_state_dict({k: v.to(self.device) for k, v in state.items()}, strict=True)
+        load_weights(self.module, state, folder, self.device)
 
     def restore(self, folder: Path) -> None:
         from safetensors.torch import load_file
@@ -239,6 +232,36 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.step = int(state["step"])
+
+
+def read_drafter(folder: str | Path, target: Target, methods: Sequence[str], use: str) -> tuple[dict, dict]:
+    """The ``config.json`` and weights of the drafter checkpoint in ``folder``, after checking that it holds one of
+    ``methods`` and was trained against ``target``; else a :class:`TrainError` that begins with ``use`` (what the
+    checkpoint was given for, e.g. ``--init-from``)."""
+    from dspark_bench.drafters import checkpoint
+
+    try:
+        meta, state = checkpoint.load(folder)
+        checkpoint.check_target(meta, target)
+    except checkpoint.CheckpointError as exc:
+        raise TrainError(f"{use} {folder}: {exc}") from None
+    if meta.get("method") not in methods:
+        raise TrainError(f"{use} {folder}: it holds a {meta.get('method')!r} drafter; {use} needs "
+                         f"{' or '.join(repr(m) for m in methods)}")
+    return meta, state
+
+
+def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], folder: str | Path, device: torch.device,
+                 dtype: torch.dtype | None = None) -> None:
+    """Load a checkpoint's weights into ``module`` strictly (every key, every shape), on ``device``; floating-point
+    tensors cast to ``dtype`` when given. A checkpoint that does not fit is a :class:`TrainError`."""
+    def place(v: torch.Tensor) -> torch.Tensor:
+        return v.to(device, dtype) if dtype is not None and v.is_floating_point() else v.to(device)
+
+    try:
+        module.load_state_dict({k: place(v) for k, v in state.items()}, strict=True)
+    except RuntimeError as exc:
+        raise TrainError(f"{folder} does not fit the architecture its config.json describes: {exc}") from None
 
 
 def init_source(folder: str | Path) -> dict[str, str]:
