@@ -18,8 +18,9 @@
 #   GENERATE=1 (0: use DATA as it is), RUN=smollm2-6k (the runs' folder under ROOT/runs), SEED=42 (data order, anchors)
 #   INIT      a folder holding one checkpoint per method, e.g. baselines/drafters/smollm2-135m: each run starts
 #             from INIT/<method>'s weights with its own warm-up and cosine (default: fresh weights)
-#   HELDOUT   a data folder whose first 128 usable sequences each run scores every 400 steps (`train --heldout`),
-#             e.g. data/smollm2/heldout-t1
+#   HELDOUT   a data folder whose first 128 usable sequences each run scores every HELDOUT_EVERY=400 steps
+#             (`train --heldout`, leaving out the prompts of both training sets), e.g. data/smollm2/heldout-t1
+#   LR        peak learning rate (default 6e-4, the recipe's; a fine-tune from INIT may want less)
 # fp32 throughout: on a CPU without AVX-512-BF16 the bf16 target is many times slower (RECIPE section 5: a
 # training step 15x, the feature pass over 4x).
 set -euo pipefail
@@ -64,8 +65,13 @@ $BIN/dspark-bench data features --data "$D" --out "$F" --dtype fp32 --threads 2
 
 # 3. Same sequences, order, steps and scored predictions for every method; two lanes of one thread each.
 S=(--data "$D" --features "$F" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed "${SEED:-42}" --save-every 200
-   --dtype fp32 --threads 1 --num-anchors 32 --draft-vocab "$VOCAB" --resume)
-if [ -n "${HELDOUT:-}" ]; then S+=(--heldout "$HELDOUT" --heldout-n 128 --heldout-every 400); fi
+   --dtype fp32 --threads 1 --num-anchors 32 --draft-vocab "$VOCAB" --resume --lr "${LR:-6e-4}")
+if [ -n "${HELDOUT:-}" ]; then
+  S+=(--heldout "$HELDOUT" --heldout-n 128 --heldout-every "${HELDOUT_EVERY:-400}")
+  for x in data/smollm2/train-6k data/smollm2/train-6k-t1; do
+    if [ -f "$x/manifest.json" ]; then S+=(--heldout-exclude "$x"); fi
+  done
+fi
 train() {  # train METHOD: one run folder per method
   local init=()
   if [ -n "${INIT:-}" ]; then init=(--init-from "$INIT/$1"); fi
