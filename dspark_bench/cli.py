@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dspark_bench.cli_common import (
+    DTYPE_OPTION,
     OneLineErrors,
     battery_table,
     console,
@@ -68,7 +69,7 @@ def main(verbose: bool) -> None:
                    f"were trained with, which must agree; {DEFAULT_BLOCK_SIZE} without one. Another value warns.")
 @click.option("--seed", default=980406, show_default=True, type=int,
               help="Base seed; the request of a dataset's i-th prompt uses seed + i.")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
+@DTYPE_OPTION
 @click.option("--repeats", default=1, show_default=True, type=int, help="Timing repeats (same seeds); medians reported.")
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
 @click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")
@@ -93,6 +94,9 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
     """Decode a suite with each drafter through the one engine (or vLLM) and record the results."""
     if resume_dir is not None:
         return _resume(click.get_current_context(), resume_dir, cache_dir)
+    from dspark_bench.target import resolve_dtype
+
+    dtype = resolve_dtype(dtype)  # what the manifest records: the dtype that ran, not "auto"
     if engine == "vllm":
         from dspark_bench.vllm_cli import run_vllm
 
@@ -395,7 +399,7 @@ def list_() -> None:
 @click.option("--drafter-opt", "drafter_opts", multiple=True, help="DRAFTER.KEY=VALUE, repeatable.")
 @click.option("--hf-batch", default=8, show_default=True, type=int, help="Batch of the HF batched comparison (0: skip).")
 @click.option("--no-hf", is_flag=True, help="Skip the comparisons with HF generate().")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
+@DTYPE_OPTION
 @click.option("--device", default=None, help="torch device (default: cuda when available, else cpu).")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's own choice).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for bench.json.")
@@ -410,7 +414,7 @@ def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size
     from dspark_bench.bench import BENCH_JSON, BenchSpec, run_bench
     from dspark_bench.runner import build_requests
     from dspark_bench.suites import load_suite
-    from dspark_bench.target import Target
+    from dspark_bench.target import Target, resolve_dtype
 
     try:
         levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
@@ -428,6 +432,7 @@ def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size
     if threads:
         torch.set_num_threads(threads)
     prompts = load_suite(suite, limit)
+    dtype = resolve_dtype(dtype, device)
     tgt = Target.load(target, dtype=dtype, device=device)
     from dspark_bench.results import environment, load_average
 

@@ -96,3 +96,11 @@ def battery_table(report, title: str):
     for row in render_rows(report):
         table.add_row(*row)
     return table
+
+
+# The target's dtype for the decoding commands (run, bench, compare-engines), resolved by target.resolve_dtype
+# before anything is recorded, so a manifest names what ran.
+DTYPE_OPTION = click.option(
+    "--dtype", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp32", "fp16"]),
+    help="Target weights. auto: bf16 on a GPU or a CPU with native bf16 matmuls (AVX-512-BF16, AMX), fp32 on other "
+         "CPUs, where bf16 runs many times slower.")

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from dspark_bench.cli_common import console, stdout
+from dspark_bench.cli_common import DTYPE_OPTION, console, stdout
 from dspark_bench.cli_common import friendly as _friendly
 from dspark_bench.cli_common import parse_limit as _parse_limit
 from dspark_bench.cli_common import parse_options as _parse_options
@@ -47,6 +47,12 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+def _resolve_dtype(dtype: str) -> str:
+    from dspark_bench.target import resolve_dtype
+
+    return resolve_dtype(dtype)
+
+
 def _load_target(target: str, dtype: str):
     from dspark_bench.target import Target
 
@@ -55,7 +61,7 @@ def _load_target(target: str, dtype: str):
 
 
 _target = click.option("--target", default="smollm2-135m", show_default=True)
-_dtype = click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
+_dtype = DTYPE_OPTION
 _threads_opt = click.option("--threads", default=None, type=int,
                             help="torch threads (1 avoids oversubscription on a shared CPU).")
 
@@ -83,6 +89,7 @@ def profile(target, dtype, max_batch_tokens, contexts, width, repeats, rows, gri
     """Measure what a round costs: the target's steps/s vs batch tokens (SPS), the verify grid (rows x width)
     and, with --drafter, each drafter's propose and the engine's overhead per R (the schedulers' cost model)."""
     _threads(threads)
+    dtype = _resolve_dtype(dtype)
     tgt = _load_target(target, dtype)
     result = measure_full_profile(tgt, max_batch_tokens, _ints(contexts), width, repeats, _ints(rows) if grid else (),
                                   _names(drafter_list), _parse_options(drafter_opt), block_size)
@@ -178,6 +185,7 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
     from dspark_bench.sweep import SweepSpec, run_sweep
 
     _threads(threads)
+    dtype = _resolve_dtype(dtype)
     schedulers = split_schedulers(scheduler_list)
     for item in schedulers:
         scheduler_class(parse_scheduler(item)[0])
@@ -253,6 +261,7 @@ def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_
     from dspark_bench.sweep import calibrate as run_calibration
 
     _threads(threads)
+    dtype = _resolve_dtype(dtype)
     folder = Path(out or f"results/calibration-{drafter}-{time.strftime('%Y%m%d-%H%M%S')}")
     if records_dir:
         report = calibrate_records(read_records(records_dir), folder / "calibration.json",

@@ -199,6 +199,15 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
+def resolve_dtype(name: str, device: torch.device | str | None = None) -> str:
+    """``auto``: bf16 on a GPU or on a CPU with native bf16 matmuls, fp32 on other CPUs (where bf16 runs many times
+    slower, :func:`slow_dtype_note`); any other name as it is. ``device`` defaults to :func:`pick_device`."""
+    if name != "auto":
+        return name
+    dev = torch.device(device) if device is not None else pick_device()
+    return "bf16" if dev.type != "cpu" or cpu_has_native_bf16() else "fp32"
+
+
 def slow_dtype_note(dtype: str, device: torch.device) -> str | None:
     """A warning for a bf16 target on a CPU without native bf16, where it is many times slower than fp32, else None."""
     if dtype != "bf16" or device.type != "cpu" or cpu_has_native_bf16():

@@ -8,7 +8,15 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from dspark_bench.cli_common import battery_table, console, friendly, parse_limit, parse_options, stdout
+from dspark_bench.cli_common import (
+    DTYPE_OPTION,
+    battery_table,
+    console,
+    friendly,
+    parse_limit,
+    parse_options,
+    stdout,
+)
 
 VLLM_DEFAULT_DRAFTERS = ("none", "ngram")
 
@@ -161,7 +169,7 @@ def export(fmt, drafter, target, source, out):
 @click.option("--temperature", default=1.0, show_default=True, type=float)
 @click.option("--block-size", default=3, show_default=True, type=int)
 @click.option("--seed", default=980406, show_default=True, type=int)
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
+@DTYPE_OPTION
 @click.option("--concurrency", default=1, show_default=True, type=int)
 @click.option("--lossless", "lossless_mode", default=None, type=click.Choice(["fast", "thorough"]),
               help="Also run each engine's lossless check on the drafters (ours: scheduler fixed).")
@@ -175,11 +183,12 @@ def compare_engines(target, drafter_list, suite, limit, max_new_tokens, temperat
     from dspark_bench.engine_compare import write_comparison
     from dspark_bench.runner import Run, RunSpec
     from dspark_bench.suites import load_suite
-    from dspark_bench.target import Target
+    from dspark_bench.target import Target, resolve_dtype
     from dspark_bench.vllm_engine import CHECKPOINT_METHODS, METHODS, parse_engine_options, require_vllm
     from dspark_bench.vllm_run import VllmRun
 
     require_vllm()
+    dtype = resolve_dtype(dtype)
     names = tuple(d.strip() for d in drafter_list.split(",") if d.strip())
     base = RunSpec(target=target, drafters=names, suite=suite, limit=parse_limit(limit), max_new_tokens=max_new_tokens,
                    temperature=temperature, block_size=block_size, seed=seed, dtype=dtype, concurrency=concurrency)

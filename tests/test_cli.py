@@ -209,3 +209,30 @@ def test_resume_of_a_run_that_holds_every_record_writes_its_missing_summary(tmp_
     res = _run("--resume", str(tmp_path / "r"))
     assert res.exit_code == 0 and (tmp_path / "r" / "summary.json").is_file(), res.output
     assert "nothing to resume" in _run("--resume", str(tmp_path / "r")).output
+
+
+@pytest.mark.parametrize("native, want", [(True, "bf16"), (False, "fp32")])
+def test_auto_dtype_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, tmp_path, native, want):
+    """The decoding commands' default: bf16 where the CPU multiplies bf16 natively, fp32 elsewhere (bf16 there is
+    many times slower); what run records and loads is the resolved dtype, never 'auto'."""
+    import torch
+
+    from dspark_bench import target as target_mod
+    from dspark_bench.target import Target, resolve_dtype
+
+    monkeypatch.setattr(target_mod, "pick_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(target_mod, "cpu_has_native_bf16", lambda: native)
+    assert resolve_dtype("auto") == want and resolve_dtype("auto", "cpu") == want
+    assert resolve_dtype("auto", "cuda") == "bf16" and resolve_dtype("fp16", "cpu") == "fp16"
+    seen = []
+
+    def load(name, dtype, **kwargs):
+        seen.append(dtype)
+        raise ValueError("stop after the dtype is chosen")
+
+    monkeypatch.setattr(Target, "load", load)
+    for extra, expect in (([], want), (["--dtype", "bf16"], "bf16"), (["--dtype", "fp32"], "fp32")):
+        res = _run("--drafter", "none", "--limit", "1", "--out", str(tmp_path / f"r{len(seen)}"), *extra)
+        assert res.exit_code == 2 and "stop after the dtype is chosen" in res.output, res.output
+        assert seen[-1] == expect
+    assert "auto" in CliRunner().invoke(main, ["run", "--help"]).output

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table as RichTable
 
-from dspark_bench.cli_common import console, stdout
+from dspark_bench.cli_common import DTYPE_OPTION, console, stdout
 from dspark_bench.cli_common import friendly as _friendly
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @click.option("--temperature", default=1.0, show_default=True, type=float)
 @click.option("--block-size", default=7, show_default=True, type=int)
 @click.option("--seed", default=980406, show_default=True, type=int)
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp32", "fp16"]))
+@DTYPE_OPTION
 @click.option("--out", default=None, type=click.Path(path_type=Path), help="Run folder. Default: results/<time>-paper-table1-<target>.")
 @click.option("-o", "--report-dir", default=None, type=click.Path(path_type=Path),
               help="Report folder. Default: reports/paper-table1-<target>/.")
@@ -98,7 +98,9 @@ def table1(target, drafters, datasets, data_dir, limit, max_new_tokens, temperat
     """Run the paper's offline Table 1 protocol and report our τ beside the paper's."""
     from dspark_bench.report import paper as protocol
     from dspark_bench.runner import RunSpec, default_drafters
+    from dspark_bench.target import resolve_dtype
 
+    dtype = resolve_dtype(dtype)
     names = _names(drafters) or default_drafters(target)
     benchmarks = _names(datasets) or tuple(d.name for d in protocol.load_table1().datasets)
     spec = RunSpec(target=target, drafters=names, suite="paper-table1", limit=_limit(limit),
