@@ -551,12 +551,14 @@ def check_lossless(target, drafter_list, scheduler_list, mode, seed, out, engine
             raise click.BadParameter("--scheduler is ours: vLLM verifies every drafted token")
         return check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt)
 
+    from dspark_bench.schedulers import split_schedulers
     from dspark_bench.stats import report_to_json, run_battery
 
     if engine_opt:
         raise click.BadParameter("--engine-opt configures vLLM: give it with --engine vllm")
-    split = (lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None)  # noqa: E731
-    report = run_battery(mode=mode, target=target, drafters=split(drafter_list), schedulers=split(scheduler_list),
+    drafters = [x.strip() for x in drafter_list.split(",") if x.strip()] if drafter_list else None
+    schedulers = list(split_schedulers(scheduler_list)) if scheduler_list else None  # commas in [...] stay
+    report = run_battery(mode=mode, target=target, drafters=drafters, schedulers=schedulers,
                          seed=seed, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
     stdout.print(battery_table(report, f"lossless battery ({mode}, {target}): real configurations must pass, "
                                        "controls must fail"))

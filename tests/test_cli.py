@@ -236,3 +236,21 @@ def test_auto_dtype_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, tmp_path
         assert res.exit_code == 2 and "stop after the dtype is chosen" in res.output, res.output
         assert seen[-1] == expect
     assert "auto" in CliRunner().invoke(main, ["run", "--help"]).output
+
+
+def test_check_lossless_keeps_commas_inside_a_schedulers_brackets(monkeypatch, tmp_path):
+    import dspark_bench.stats as stats
+
+    seen = {}
+
+    def battery(**kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop before any decoding")
+
+    monkeypatch.setattr(stats, "run_battery", battery)
+    res = CliRunner().invoke(main, ["check-lossless", "--drafter", "none, ngram", "--scheduler",
+                                    "fixed,threshold[theta=0.5,calibration=c.json], async[lag=1]",
+                                    "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "stop before any decoding" in res.output, res.output
+    assert seen["drafters"] == ["none", "ngram"]
+    assert seen["schedulers"] == ["fixed", "threshold[theta=0.5,calibration=c.json]", "async[lag=1]"]
