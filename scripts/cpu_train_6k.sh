@@ -15,6 +15,8 @@
 #             section 7.2), the committed data/smollm2/train-6k; t1: the prompts of seed 1 answered at T = 1.0 by
 #             pure softmax, the offline protocol's sampling, data/smollm2/train-6k-t1
 #   DATA, FEATURES  default data/smollm2/<that name> and ROOT/features/<that name>
+#   SHARDS    train on the first SHARDS shards of DATA only, copied to ROOT/data/<name>-<SHARDS> (features in
+#             ROOT/features/<name>-<SHARDS>), e.g. while the rest is still to be generated; no generation then
 #   GENERATE=1 (0: use DATA as it is), RUN=smollm2-6k (the runs' folder under ROOT/runs), SEED=42 (data order, anchors)
 #   INIT      a folder holding one checkpoint per method, e.g. baselines/drafters/smollm2-135m: each run starts
 #             from INIT/<method>'s weights with its own warm-up and cosine (default: fresh weights)
@@ -54,6 +56,33 @@ for m in "${M[@]}"; do  # bad input fails before any work
   fi
 done
 mkdir -p "$R"
+if [ -n "${SHARDS:-}" ]; then  # a fixed snapshot: the run's data must not grow under its feature cache
+  SNAP=$ROOT/data/$NAME-$SHARDS
+  F=${FEATURES:-$ROOT/features/$NAME-$SHARDS}
+  if [ ! -f "$SNAP/responses.jsonl" ]; then
+    mkdir -p "$SNAP"
+    $BIN/python - "$D" "$SNAP" "$SHARDS" <<'PY'
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from dspark_bench.train.data import MANIFEST, RESPONSES, complete_rows
+
+src, dst, k = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+rows = [r for r in complete_rows(src) if r["shard"] < k]
+if len({r["shard"] for r in rows}) < k:
+    sys.exit(f"SHARDS={k}: {src} has only {len({r['shard'] for r in rows})} of shards 0..{k - 1} complete")
+shutil.copy(src / MANIFEST, dst / MANIFEST)
+tmp = dst / (RESPONSES + ".tmp")
+tmp.write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["shard"])))
+tmp.rename(dst / RESPONSES)
+print(f"{len(rows)} rows of shards 0..{k - 1} of {src} in {dst}")
+PY
+  fi
+  D=$SNAP
+  GENERATE=0
+fi
 
 # 1. The data: complete the 48 shards (committed shards are kept; a shard depends only on its prompts and index).
 if [ "${GENERATE:-1}" = 1 ]; then
