@@ -98,8 +98,8 @@ def battery_table(report, title: str):
     return table
 
 
-# The target's dtype for the decoding commands (run, bench, compare-engines), resolved by target.resolve_dtype
-# before anything is recorded, so a manifest names what ran.
+# The target's dtype for the decoding commands (run, bench, table1, profile, sweep, calibrate, compare-engines);
+# each resolves it with target.resolve_dtype before anything is recorded, so a manifest names what ran.
 DTYPE_OPTION = click.option(
     "--dtype", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp32", "fp16"]),
     help="Target weights. auto: bf16 on a GPU or a CPU with native bf16 matmuls (AVX-512-BF16, AMX), fp32 on other "
