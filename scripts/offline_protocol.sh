@@ -18,6 +18,8 @@
 # AVX-512-BF16 bf16 is many times slower; the drafters of data/smollm2/train-6k were trained on fp32 features),
 # R1_LIMIT=4, R1_REPEATS=2, R1_THREADS=2 (r1 has the quiet machine to itself; the other stages take one torch thread
 # each), LANES=1, RUNS=runs/smollm2 (training runs, for the dspark-1l ablation), BIN=.venv/bin.
+# DRAFTERS: a folder with one checkpoint per method (DRAFTERS/dspark, .../dflash, .../eagle3, .../mtp), e.g. candidate
+# drafters not yet shipped; every stage but dspark-1l then loads those instead of the shipped ones (default: shipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/offline_protocol.sh OUT [STAGE...]}
@@ -32,6 +34,16 @@ LANES=${LANES:-1}
 BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=1
 C=(--temperature 1.0 --block-size 7 --scheduler fixed --max-new-tokens "$MAX_NEW" --dtype "${DTYPE:-fp32}")
+if [ -n "${DRAFTERS:-}" ]; then
+  for m in dspark dflash eagle3 mtp; do
+    [ -f "$DRAFTERS/$m/model.safetensors" ] || { echo "DRAFTERS=$DRAFTERS holds no $m checkpoint ($DRAFTERS/$m/model.safetensors)" >&2; exit 2; }
+  done
+fi
+ck() {  # ck METHOD...: the --drafter-opt of each method's DRAFTERS checkpoint (none without DRAFTERS)
+  local m
+  [ -n "${DRAFTERS:-}" ] || return 0
+  for m in "$@"; do printf -- '--drafter-opt\n%s.checkpoint=%s\n' "$m" "$DRAFTERS/$m"; done
+}
 P=(--suite all --limit "$LIMIT" --concurrency "${CONCURRENCY:-8}" "${C[@]}")
 for s in "${STAGES[@]}"; do  # bad input fails before any work
   [[ " ${KNOWN[*]} " == *" $s "* ]] || { echo "unknown stage $s (${KNOWN[*]})"; exit 2; }
@@ -47,13 +59,15 @@ run() {  # run NAME ARGS...: a stage's run; one that stopped part way (no summar
   fi
 }
 stage() {
-  case $1 in
-    a) run a "${P[@]}" --drafter none,dspark,dflash ;;
-    b) run b "${P[@]}" --drafter none,eagle3,mtp ;;
+  local x
+  case $1 in  # x: the stage's --drafter-opt checkpoints (ck), one array item per line
+    a) mapfile -t x < <(ck dspark dflash); run a "${P[@]}" --drafter none,dspark,dflash "${x[@]}" ;;
+    b) mapfile -t x < <(ck eagle3 mtp); run b "${P[@]}" --drafter none,eagle3,mtp "${x[@]}" ;;
     dspark-1l) run dspark-1l "${P[@]}" --drafter dspark --drafter-opt "dspark.checkpoint=$RUNS/dspark-1l/final" ;;
-    markov-off) run markov-off "${P[@]}" --drafter dspark --drafter-opt dspark.markov=false ;;
-    r1) OMP_NUM_THREADS=${R1_THREADS:-2} run r1 --suite all --limit "${R1_LIMIT:-4}" --concurrency 1 --repeats "${R1_REPEATS:-2}" "${C[@]}" \
-          --drafter none,dspark,dflash,eagle3,mtp ;;
+    markov-off) mapfile -t x < <(ck dspark); run markov-off "${P[@]}" --drafter dspark "${x[@]}" --drafter-opt dspark.markov=false ;;
+    r1) mapfile -t x < <(ck dspark dflash eagle3 mtp)
+        OMP_NUM_THREADS=${R1_THREADS:-2} run r1 --suite all --limit "${R1_LIMIT:-4}" --concurrency 1 --repeats "${R1_REPEATS:-2}" "${C[@]}" \
+          --drafter none,dspark,dflash,eagle3,mtp "${x[@]}" ;;
   esac
 }
 pids=()
