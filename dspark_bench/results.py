@@ -218,8 +218,30 @@ def environment() -> dict[str, Any]:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "load_average_1_5_15": load_average(),  # what else ran when it started: timings under load say so here
         "allocator": host_allocator(),  # the host allocator policy (allocator.py); None: the C library's own
+        "cpu": cpu_features(),  # a kept machine can come back on another CPU; bf16 and fp32 timings depend on it
     }
     return {"versions": versions, "git": _git_state(), "machine": machine}
+
+
+# The vector extensions that change which matmul kernels torch picks on a CPU (bf16 is 5x slower without them).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any] | None:
+    """The CPU's model name and which of CPU_FLAGS it has, from a Linux /proc/cpuinfo; None where there is none."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    model, flags = None, set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags]}
 
 
 def load_average() -> list[float] | None:

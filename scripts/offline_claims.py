@@ -1,6 +1,7 @@
 """The paper's offline claims, re-measured from committed run folders (issue 16, items 3 and 4).
 
     python scripts/offline_claims.py RUN [RUN ...] [--reference dspark] [--boot 2000] [--json OUT] [--md OUT]
+        [--before RUN [RUN ...]]
 
 RUN: run folders of the offline protocol (e.g. baselines/offline-smollm2-6k/a and .../b), which decoded the same
 prompts with the same seeds; each drafter may appear in one run only. Acceptance is read from each drafter's first
@@ -14,7 +15,9 @@ repeat. It prints, as markdown:
 * conditional acceptance at each draft position per domain, with 95% Wilson intervals over rounds; positions tested
   in fewer than MIN_ROUNDS rounds are shown as (rate, n) and are not used in the decay figure below;
 * each drafter's decay along the block: conditional acceptance at positions 2-4 over position 1 (Figure 2's flat
-  curve against a decaying one), with an interval from the same paired bootstrap over prompts.
+  curve against a decaying one), with an interval from the same paired bootstrap over prompts;
+* with --before: each drafter's tau against the same drafter in earlier runs of the protocol (other weights, the
+  same prompts and seeds), per domain and macro, with the same paired bootstrap: did new weights help.
 
 Nothing here is tuned: the bootstrap seed is fixed (0) and every number comes from the records.
 """
@@ -85,7 +88,8 @@ def per_prompt(recs: dict, keys: list, gamma: int) -> tuple[np.ndarray, np.ndarr
     return tau, exam, acc
 
 
-def claims(runs: list[Path], reference: str = "dspark", n_boot: int = 2000) -> dict:
+def claims(runs: list[Path], reference: str = "dspark", n_boot: int = 2000,
+           before: list[Path] | None = None) -> dict:
     by_drafter, domains, gamma = load(runs)
     if reference not in by_drafter:
         raise SystemExit(f"reference drafter {reference!r} is not in the runs (drafters: {sorted(by_drafter)})")
@@ -153,9 +157,30 @@ def claims(runs: list[Path], reference: str = "dspark", n_boot: int = 2000) -> d
                     r_b = (ac_b[:, k] / ex_b[:, k]) / (ac_b[:, 0] / ex_b[:, 0])
                 rows[f"k{k + 1}/k1"] = {"ratio": float(r_pt), "ci95": ci(r_b[np.isfinite(r_b)])}
             decay[n][dom] = rows
-    return {"runs": [str(r) for r in runs], "gamma": gamma, "reference": reference, "bootstrap": n_boot,
-            "datasets": datasets, "domains": {d: domains[d] for d in datasets}, "drafters": names, "tau": table,
-            "gains": gains, "positions": positions, "decay": decay, "min_rounds": MIN_ROUNDS}
+    out = {"runs": [str(r) for r in runs], "gamma": gamma, "reference": reference, "bootstrap": n_boot,
+           "datasets": datasets, "domains": {d: domains[d] for d in datasets}, "drafters": names, "tau": table,
+           "gains": gains, "positions": positions, "decay": decay, "min_rounds": MIN_ROUNDS}
+    if before:
+        old, _, old_gamma = load(before)
+        if old_gamma != gamma:
+            raise SystemExit(f"--before runs used block size {old_gamma}, these {gamma}: not one protocol")
+        shared = [n for n in names if n in old]
+        if not shared:
+            raise SystemExit(f"--before runs hold none of these drafters ({', '.join(names)})")
+        if set(next(iter(old.values()))) != set(next(iter(by_drafter.values()))):
+            raise SystemExit("--before runs decoded other prompts than these runs; the comparison is paired over "
+                             "prompts, so they must hold the same ones")
+        for n in shared:
+            data[f"before:{n}"] = {d: per_prompt(old[n], keys[d], gamma) for d in datasets}
+        change = {}
+        for n in shared:
+            now_pt, now_b = aggregate(point[n]), aggregate(boot[n])
+            was_pt, was_b = aggregate(taus(f"before:{n}", False)), aggregate(taus(f"before:{n}", True))
+            change[n] = {k: {"before": float(was_pt[k]), "now": float(now_pt[k]), "change": float(now_pt[k] / was_pt[k] - 1),
+                             "ci95": ci(now_b[k] / was_b[k] - 1), "share_above_0": float(np.mean(now_b[k] > was_b[k]))}
+                         for k in now_pt}
+        out["before"] = {"runs": [str(r) for r in before], "change": change}
+    return out
 
 
 def _iv(x: list[float] | None, spec: str = ".2f") -> str:
@@ -208,6 +233,16 @@ def markdown(c: dict) -> str:
             out.append(f"| {dom} | `{n}` | " + " | ".join(
                 f"{d[k]['ratio']:.2f} {_iv(d[k]['ci95'])}" if k in d else "–" for k in ("k2/k1", "k3/k1", "k4/k1"))
                 + " |")
+    if "before" in c:
+        out += ["", f"**τ against the earlier runs** ({', '.join(c['before']['runs'])}): the same drafter with its "
+                "earlier weights on the same prompts and seeds; before → now, change with a 95% paired bootstrap "
+                "interval (share of resamples above 0)", "", "| drafter | " + " | ".join(doms) + " | macro |",
+                "|---|" + "---:|" * (len(doms) + 1)]
+        for n, g in c["before"]["change"].items():
+            out.append(f"| `{n}` | " + " | ".join(
+                f"{g[k]['before']:.3f} → {g[k]['now']:.3f}: {g[k]['change']:+.1%} "
+                f"[{g[k]['ci95'][0]:+.1%}, {g[k]['ci95'][1]:+.1%}] ({g[k]['share_above_0']:.2f})"
+                for k in [*doms, "macro"]) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -218,12 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--boot", type=int, default=2000)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
+    ap.add_argument("--before", type=Path, nargs="+", help="earlier runs of the same protocol to compare each "
+                    "drafter with (its earlier weights)")
     a = ap.parse_args(argv)
-    for r in a.runs:
+    for r in [*a.runs, *(a.before or [])]:
         if not (r / "manifest.json").is_file():
             print(f"{r} is not a run folder (no manifest.json)", file=sys.stderr)
             return 2
-    c = claims(a.runs, a.reference, a.boot)
+    c = claims(a.runs, a.reference, a.boot, a.before)
     md = markdown(c)
     print(md, end="")
     if a.json:

@@ -122,6 +122,38 @@ def test_refuses_runs_that_are_not_one_protocol(tmp_path):
     assert s.main([str(tmp_path / "nothing")]) == 2
 
 
+def test_before_compares_each_drafter_with_its_earlier_weights(tmp_path):
+    # now: dspark accepts one more token in every other round than before; dflash is unchanged
+    def was(ds, i):
+        return _rounds([i % 3, 0, 1, 2] * 2)
+
+    def better(ds, i):
+        return [[g, v, a + 1, a + 2] if k % 2 == 0 and a < g else [g, v, a, c]
+                for k, (g, v, a, c) in enumerate(was(ds, i))]
+
+    old = _run(tmp_path / "old", {"dspark": was, "dflash": was, "mtp": was})
+    new = _run(tmp_path / "new", {"dspark": better, "dflash": was})
+    s = _script()
+    c = s.claims([new], n_boot=300, before=[old])
+    ch = c["before"]["change"]
+    assert set(ch) == {"dspark", "dflash"}  # only the drafters in both sets; mtp is not in the new runs
+    rounds = sum(len(was(ds, i)) for ds in DATASETS for i in range(6))
+    was_tau = sum(r[3] for ds in DATASETS for i in range(6) for r in was(ds, i)) / rounds
+    now_tau = sum(r[3] for ds in DATASETS for i in range(6) for r in better(ds, i)) / rounds
+    g = ch["dspark"]["macro"]
+    assert g["before"] == pytest.approx(was_tau) and g["now"] == pytest.approx(now_tau)
+    assert g["change"] == pytest.approx(now_tau / was_tau - 1) and g["ci95"][0] > 0 and g["share_above_0"] == 1.0
+    same = ch["dflash"]["macro"]
+    assert same["change"] == 0 and same["ci95"] == [0, 0] and same["share_above_0"] == 0
+    assert "τ against the earlier runs" in s.markdown(c) and "τ against" not in s.markdown(s.claims([new], n_boot=50))
+    fewer = _run(tmp_path / "fewer", {"dspark": was}, n=5)
+    with pytest.raises(SystemExit, match="other prompts"):
+        s.claims([new], n_boot=50, before=[fewer])
+    other = _run(tmp_path / "other", {"eagle3": was})
+    with pytest.raises(SystemExit, match="none of these drafters"):
+        s.claims([new], n_boot=50, before=[other])
+
+
 def test_r1_table_reproduces_the_committed_single_request_stage(tmp_path, capsys):
     """scripts/r1_table.py on the committed fp32 r1 run: every drafter of its manifest, each tau and speedup the
     run's own summary.json holds (so the README's r1 table is one command)."""

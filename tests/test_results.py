@@ -354,3 +354,19 @@ def test_resume_completes_what_a_dead_worker_left(tmp_path, monkeypatch):
     assert lost and all(int(p[1:]) in shards[1] for _, p in lost)  # only the dead worker's requests
     _, added = resume(tmp_path / "two", target, prompts)
     assert added == len(lost) and _tokens(tmp_path / "two") == _tokens(tmp_path / "one")
+
+
+def test_manifest_names_the_cpu_and_its_vector_extensions(tmp_path):
+    """The manifest says which CPU ran: its model and which kernel-relevant extensions it has, read from
+    /proc/cpuinfo (the first processor's lines); a machine without that file records None, not a guess."""
+    from dspark_bench.results import CPU_FLAGS, cpu_features, environment
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 vnni\n\n"
+                    "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n")
+    assert cpu_features(info) == {"model": "AMD EPYC 9R14", "flags": ["avx2", "avx512f", "avx512_bf16"]}
+    info.write_text("processor\t: 0\nmodel name\t: Old CPU\nflags\t\t: fpu sse2 avx avx2\n")
+    assert cpu_features(info) == {"model": "Old CPU", "flags": ["avx2"]}
+    assert cpu_features(tmp_path / "missing") is None
+    cpu = environment()["machine"]["cpu"]
+    assert cpu is None or set(cpu["flags"]) <= set(CPU_FLAGS)
