@@ -1,94 +1,90 @@
 #!/usr/bin/env bash
-# Train the four reference drafters (dspark, dflash, eagle3, mtp) for one target, end to end, in one go:
-# convert the target, regenerate the training data with it, train every method on the same data with the same
-# budget, and leave the checkpoints in OUT/<target>/<method>/ (the layout of baselines/drafters/).
+# The shipped drafters' training budget for smollm2-135m (baselines/drafters/RECIPE.md section 5 and "Fine-tunes on
+# T = 1.0 data"), replayed on one GPU in one go. The four methods train at the same time, each in two runs on the
+# committed data (nothing is generated):
+#   1. from fresh weights on data/smollm2/train-6k (6,144 prompts answered at T = 0.7), STEPS1 steps at LR1;
+#   2. from run 1's final weights on data/smollm2/train-6k-t1 (3,840 prompts answered at T = 1.0), STEPS2 at LR2;
+# 32 anchors, the 8,192-token draft list, the CPU runs' seed, the target's features computed on the device. The
+# defaults see as many sequences as the CPU runs (1,200 x 16 = 4,800 x 4 and 400 x 16 = 1,600 x 4) in fewer, larger
+# steps at the same peak rates. Then each method's final weights are written in the shipped layout (bf16,
+# scripts/ship_drafters.py) to OUT/smollm2-135m/<method>/ and scored held out beside the shipped drafters
+# (`data score` on 128 sequences of data/smollm2/heldout-t1, JSON in OUT/heldout-t1.json). They replace the shipped
+# ones only if they score better there and on the offline protocol; this script copies nothing into baselines/.
 #
-#   scripts/gpu_reference.sh OUT [--n 4000] [--steps 300] [--batch 16] [--micro 4] [--max-new 384]
-#                                [--gen-batch 512] [--threads N] [--target smollm2-135m]
+#   scripts/gpu_reference.sh OUT     (env: STEPS1=1200 STEPS2=400 BATCH=16 MICRO=16 LR1=6e-4 LR2=3e-4 VOCAB=8192
+#                                     ANCHORS=32 SEED=42 DEADLINE=540 DEVICE=auto PY=python3 METHODS="dspark ...")
+# CPU dry run: STEPS1=2 STEPS2=2 BATCH=2 MICRO=2 DEVICE=cpu HELDOUT_N=2 scripts/gpu_reference.sh OUT
 #
-# Defaults are sized for ~8 minutes on one H200 (see baselines/drafters/RECIPE.md for the estimate).
-# CPU dry run:  scripts/gpu_reference.sh /tmp/ref --n 16 --steps 4 --batch 4 --micro 2 --max-new 32 --gen-batch 8 --threads 1
-# Re-running with the same OUT resumes: generation skips finished shards, training continues from checkpoints.
-set -euo pipefail
-
-usage() { sed -n '2,12p' "$0"; exit 2; }
-[ $# -ge 1 ] || usage
-OUT=$1; shift
-N=4000; STEPS=300; BATCH=16; MICRO=4; MAX_NEW=384; GEN_BATCH=512; THREADS=""; TARGET=smollm2-135m
-while [ $# -gt 0 ]; do
-  case $1 in
-    --n) N=$2 ;; --steps) STEPS=$2 ;; --batch) BATCH=$2 ;; --micro) MICRO=$2 ;; --max-new) MAX_NEW=$2 ;;
-    --gen-batch) GEN_BATCH=$2 ;; --threads) THREADS=$2 ;; --target) TARGET=$2 ;;
-    *) echo "unknown argument $1"; usage ;;
-  esac
-  shift 2
-done
-
+# DEADLINE (seconds from the start, 0 = none) stops the trainings still running then; they checkpoint every
+# SAVE_EVERY=100 steps, and running the script again with the same OUT resumes each from its last checkpoint.
+# Not yet run on a GPU. The ablations' 13 trainings of 1,920 sequences each took about 110 s side by side on one
+# H200 (scripts/gpu_ablation.sh), about 230 sequences a second in all; at that pace these 4 x 25,600 need ~450 s.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=python3
-[ -x .venv/bin/python ] && PY=.venv/bin/python
-echo "== environment"
-$PY -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" \
-  || { echo "error: python needs torch and transformers ($PY)"; exit 1; }
-$PY -c "import dspark_bench" 2>/dev/null || $PY -m pip install -q -e . --no-deps
-CLI="$PY -m dspark_bench.train.cli"
-COMMON=(--device auto)
-[ -n "$THREADS" ] && COMMON+=(--threads "$THREADS")
-DEVICE=$($PY -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
-mkdir -p "$OUT"
-NAME=$(basename "$TARGET")
-T0=$(date +%s.%N)
-TIMINGS=()
-mark() {  # mark LABEL START: record the seconds since START
-  local s; s=$(awk -v a="$(date +%s.%N)" -v b="$2" 'BEGIN { printf "%.1f", a - b }')
-  TIMINGS+=("\"$1\": $s"); echo "== $1 done in ${s}s"
+OUT=${1:?usage: scripts/gpu_reference.sh OUT   (settings in the environment; see the header)}
+STEPS1=${STEPS1:-1200}; STEPS2=${STEPS2:-400}; BATCH=${BATCH:-16}; MICRO=${MICRO:-16}
+LR1=${LR1:-6e-4}; LR2=${LR2:-3e-4}; VOCAB=${VOCAB:-8192}; ANCHORS=${ANCHORS:-32}; SEED=${SEED:-42}
+DEADLINE=${DEADLINE:-540}; DEVICE=${DEVICE:-auto}; SAVE_EVERY=${SAVE_EVERY:-100}; HELDOUT_N=${HELDOUT_N:-128}
+DATA1=data/smollm2/train-6k; DATA2=data/smollm2/train-6k-t1; HELDOUT=data/smollm2/heldout-t1
+SHIPPED=baselines/drafters/smollm2-135m
+PY=${PY:-python3}
+[ -x .venv/bin/python ] && [ "$PY" = python3 ] && PY=.venv/bin/python
+read -r -a M <<< "${METHODS:-dspark dflash eagle3 mtp}"
+opts() {  # each method's architecture, as shipped
+  case $1 in
+    dspark) echo --num-layers 2 --markov-rank 64 --block-size 7 --decay-gamma 4 ;;
+    dflash) echo --num-layers 2 --block-size 7 --decay-gamma 4 ;;
+    eagle3) echo --ttt-length 7 ;;
+    mtp) echo ;;
+    *) echo "unknown method $1 (methods: dspark dflash eagle3 mtp)" >&2; return 2 ;;
+  esac
 }
-
-echo "== 1/4 target ($TARGET)"
-t=$(date +%s.%N)
-$PY -c "from dspark_bench.target import resolve_target; print(resolve_target('$TARGET'))"
-mark convert_s "$t"
-
-echo "== 2/4 data: $N prompts, max $MAX_NEW new tokens, batches of $GEN_BATCH"
-t=$(date +%s.%N)
-$CLI data generate --target "$TARGET" --n "$N" --out "$OUT/data" --max-new-tokens "$MAX_NEW" \
-  --batch-size "$GEN_BATCH" --shard-size "$GEN_BATCH" "${COMMON[@]}"
-mark generate_s "$t"
-
-if [ "$DEVICE" = cpu ] && [ ! -f "$OUT/data/features/manifest.json" ]; then
-  echo "== 3/4 target features (CPU: cached once for all four methods)"
-  t=$(date +%s.%N)
-  $CLI data features --data "$OUT/data" "${COMMON[@]}"
-  mark features_s "$t"
-elif [ "$DEVICE" = cpu ]; then
-  echo "== 3/4 target features: cached in $OUT/data/features (already there)"
-else
-  echo "== 3/4 target features: computed on the fly (cuda)"
-fi
-
-echo "== 4/4 training: $STEPS steps x $BATCH sequences per method"
-SHARED=(--data "$OUT/data" --steps "$STEPS" --batch-size "$BATCH" --micro-batch "$MICRO" --save-every 100 --seed 42 --resume)
-declare -A EXTRA=(
-  [dspark]="--num-layers 2 --markov-rank 64 --block-size 7 --num-anchors 512 --decay-gamma 4"
-  [dflash]="--num-layers 2 --block-size 7 --num-anchors 512 --decay-gamma 4"
-  [eagle3]="--ttt-length 7"
-  [mtp]=""
-)
-for m in dspark dflash eagle3 mtp; do
-  t=$(date +%s.%N)
-  # shellcheck disable=SC2086
-  $CLI train --method "$m" --out "$OUT/runs/$m" "${SHARED[@]}" ${EXTRA[$m]} "${COMMON[@]}"
-  mkdir -p "$OUT/$NAME" && rm -rf "${OUT:?}/$NAME/$m" && cp -r "$OUT/runs/$m/final" "$OUT/$NAME/$m"
-  mark "train_${m}_s" "$t"
+for m in "${M[@]}"; do opts "$m" > /dev/null || exit 2; done  # bad input fails before any work
+for d in "$DATA1" "$DATA2" "$HELDOUT"; do
+  [ -f "$d/responses.jsonl" ] || { echo "$d/responses.jsonl is missing: the script trains on the committed data" >&2; exit 2; }
 done
-
-mark total_s "$T0"
-{
-  echo "{"
-  echo "  \"device\": \"$DEVICE\", \"target\": \"$TARGET\", \"n\": $N, \"steps\": $STEPS, \"batch\": $BATCH,"
-  echo "  \"max_new_tokens\": $MAX_NEW, \"gen_batch\": $GEN_BATCH,"
-  (IFS=,; echo "  ${TIMINGS[*]}")
-  echo "}"
-} > "$OUT/timings.json"
-echo "== checkpoints in $OUT/$NAME/{dspark,dflash,eagle3,mtp}; timings in $OUT/timings.json"
-cat "$OUT/timings.json"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
+CLI=("$PY" -m dspark_bench.cli)
+T0=$(date +%s)
+mkdir -p "$OUT/runs" "$OUT/logs"
+say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+left() {  # seconds left before DEADLINE (a day when there is none)
+  if [ "$DEADLINE" -gt 0 ]; then echo $(( DEADLINE - ($(date +%s) - T0) )); else echo 86400; fi
+}
+bounded() {  # bounded CMD...: run CMD, stopped (SIGINT, then SIGKILL 15 s later) at the deadline
+  local s; s=$(left)
+  [ "$s" -gt 5 ] || { echo "no time left for: $*"; return 124; }
+  timeout -s INT -k 15 "$s" "$@"
+}
+"$PY" -c "import torch; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+S=(--batch-size "$BATCH" --micro-batch "$MICRO" --seed "$SEED" --num-anchors "$ANCHORS" --draft-vocab "$VOCAB"
+   --save-every "$SAVE_EVERY" --features online --device "$DEVICE" --resume)
+chain() {  # chain METHOD: run 1, then run 2 from its final weights
+  local m=$1
+  # shellcheck disable=SC2046 # opts prints the method's options, split on purpose
+  bounded "${CLI[@]}" train --method "$m" --out "$OUT/runs/$m-1" --data "$DATA1" --steps "$STEPS1" --lr "$LR1" \
+    "${S[@]}" $(opts "$m") >> "$OUT/logs/$m-1.log" 2>&1 || { say "$m: run 1 stopped (exit $?)"; return 1; }
+  say "$m: run 1 done"
+  # shellcheck disable=SC2046
+  bounded "${CLI[@]}" train --method "$m" --out "$OUT/runs/$m-2" --data "$DATA2" --steps "$STEPS2" --lr "$LR2" \
+    --init-from "$OUT/runs/$m-1/final" "${S[@]}" $(opts "$m") >> "$OUT/logs/$m-2.log" 2>&1 \
+    || { say "$m: run 2 stopped (exit $?)"; return 1; }
+  say "$m: run 2 done"
+}
+say "start: ${M[*]}; run 1 $STEPS1 x $BATCH at $LR1, run 2 $STEPS2 x $BATCH at $LR2; deadline ${DEADLINE}s"
+pids=()
+for m in "${M[@]}"; do chain "$m" & pids+=($!); done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+if [ "$failed" = 1 ]; then
+  say "not every training finished: run the script again with the same OUT to resume"
+  exit 1
+fi
+names=(); args=()
+for m in "${M[@]}"; do names+=("$m=$m-2"); args+=(--drafter "$SHIPPED/$m" --drafter "$OUT/smollm2-135m/$m"); done
+"$PY" scripts/ship_drafters.py "$OUT/runs" "$OUT/smollm2-135m" "${names[@]}" > "$OUT/logs/ship.log" 2>&1 \
+  || { cat "$OUT/logs/ship.log"; exit 1; }
+"${CLI[@]}" data score "${args[@]}" --data "$HELDOUT" --exclude "$DATA1" --exclude "$DATA2" --n "$HELDOUT_N" \
+  --device "$DEVICE" --json "$OUT/heldout-t1.json" > "$OUT/logs/score.log" 2>&1 || { cat "$OUT/logs/score.log"; exit 1; }
+cat "$OUT/logs/score.log"
+say "done: drafters in $OUT/smollm2-135m/, held-out scores (shipped, then these) in $OUT/heldout-t1.json"
