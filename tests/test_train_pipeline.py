@@ -633,3 +633,45 @@ def test_cli_data_score_scores_checkpoints_on_held_out_sequences(target, tmp_pat
     data.generate(target, prompts.build_prompts(3, seed=1), odd, replace(spec, n=3), render=render)
     with pytest.raises(data.DataError, match="cannot be listed"):
         heldout.planned_prompts(odd)
+
+
+def test_gpu_reference_script_refuses_bad_input_before_any_work(tmp_path):
+    """scripts/gpu_reference.sh names an unknown method and exits 2 before it loads anything."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "METHODS": "dspark medusa"}
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu_reference.sh"), str(tmp_path / "out")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown method medusa" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_reference_script_runs_every_stage_on_cpu_at_tiny_settings(tmp_path):
+    """scripts/gpu_reference.sh at tiny settings on the CPU: both runs of two methods on the committed data, the
+    shipped layout and the held-out scores beside the shipped drafters."""
+    import os
+    import subprocess
+    import sys
+
+    from dspark_bench.target import default_cache_dir
+
+    if not (default_cache_dir() / "smollm2-135m-instruct" / "model.safetensors").exists():
+        pytest.skip("the embedded target's converted checkpoint is not in the cache (run any smollm2 command once)")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    env = {**os.environ, "PY": sys.executable, "PYTHONPATH": str(root), "METHODS": "dspark mtp", "STEPS1": "2",
+           "STEPS2": "2", "BATCH": "2", "MICRO": "2", "DEVICE": "cpu", "HELDOUT_N": "2", "DEADLINE": "0"}
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu_reference.sh"), str(out)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+    logs = "".join(p.read_text()[-1500:] for p in sorted((out / "logs").glob("*.log")))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + logs
+    for m in ("dspark", "mtp"):
+        second = [json.loads(line) for line in (out / "runs" / f"{m}-2" / "train_log.jsonl").read_text().splitlines()]
+        assert second[-1]["step"] == 2
+        cfg = json.loads((out / "runs" / f"{m}-2" / "train_config.json").read_text())
+        assert cfg["init_from"]["folder"].endswith(f"{m}-1/final") and cfg["lr"] == pytest.approx(3e-4)
+        assert (out / "smollm2-135m" / m / "model.safetensors").is_file()
+    scores = json.loads((out / "heldout-t1.json").read_text())
+    assert len(scores["scores"]) == 4 and scores["n"] == 2  # the shipped and the new checkpoint of each method
