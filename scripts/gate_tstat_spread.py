@@ -4,7 +4,8 @@ error, the variance measured across the baseline's seeds (gate.seed_interval's d
 spread of these statistics per domain and pooled, and the share below -2 (2.3% for a standard normal).
 
     python scripts/gate_tstat_spread.py [BASE_RUNS_GLOB] [FRESH_GLOB]
-    (defaults: baselines/smollm2-gate/runs/*/t1, baselines/smollm2-gate/power-2026-12-03/fresh/same-*/t1)
+    (defaults: baselines/smollm2-gate/power-2026-12-03-base/*/t1,
+               baselines/smollm2-gate/power-2026-12-03/fresh/same-*/t1)
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def statistics(bases: list[dict], fresh: list[dict]) -> dict[str, list[float]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    base_glob = argv[0] if argv else "baselines/smollm2-gate/runs/*/t1"
+    base_glob = argv[0] if argv else "baselines/smollm2-gate/power-2026-12-03-base/*/t1"
     fresh_glob = argv[1] if len(argv) > 1 else "baselines/smollm2-gate/power-2026-12-03/fresh/same-*/t1"
     bases = [snapshot([p]) for p in sorted(Path().glob(base_glob))]
     fresh = [snapshot([p]) for p in sorted(Path().glob(fresh_glob))]

@@ -339,7 +339,7 @@ def test_a_pooled_baseline_takes_the_tau_variance_from_its_seeds(tmp_path):
 
 
 def test_the_tstat_spread_script_reproduces_power_md_from_committed_runs():
-    """scripts/gate_tstat_spread.py on the committed baseline seeds and session 14's 11 unchanged reruns gives
+    """scripts/gate_tstat_spread.py on the baseline seeds of the power study and session 14's 11 unchanged reruns gives
     the spread power.md quotes (1.16 over 165 per-domain statistics, 3.6% below -2)."""
     import importlib.util
     from pathlib import Path
@@ -349,7 +349,7 @@ def test_the_tstat_spread_script_reproduces_power_md_from_committed_runs():
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     gate = root / "baselines" / "smollm2-gate"
-    bases = [snapshot([p]) for p in sorted(gate.glob("runs/*/t1"))]
+    bases = [snapshot([p]) for p in sorted(gate.glob("power-2026-12-03-base/*/t1"))]
     fresh = [snapshot([p]) for p in sorted(gate.glob("power-2026-12-03/fresh/same-*/t1"))]
     z = np.array(script.statistics(bases, fresh)["domains"])
     assert len(bases) == 4 and len(z) == 165
