@@ -176,8 +176,9 @@ def claims(runs: list[Path], reference: str = "dspark", n_boot: int = 2000,
         for n in shared:
             now_pt, now_b = aggregate(point[n]), aggregate(boot[n])
             was_pt, was_b = aggregate(taus(f"before:{n}", False)), aggregate(taus(f"before:{n}", True))
-            change[n] = {k: {"before": float(was_pt[k]), "now": float(now_pt[k]), "change": float(now_pt[k] / was_pt[k] - 1),
-                             "ci95": ci(now_b[k] / was_b[k] - 1), "share_above_0": float(np.mean(now_b[k] > was_b[k]))}
+            change[n] = {k: {"before": float(was_pt[k]), "now": float(now_pt[k]),
+                             "change": float(now_pt[k] / was_pt[k] - 1), "ci95": ci(now_b[k] / was_b[k] - 1),
+                             "share_above_0": float(np.mean(now_b[k] > was_b[k]))}
                          for k in now_pt}
         out["before"] = {"runs": [str(r) for r in before], "change": change}
     return out
