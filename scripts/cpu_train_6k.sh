@@ -27,6 +27,7 @@
 # training step 15x, the feature pass over 4x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/common.sh  # opts: the shipped architectures
 ROOT=${1:-.}
 BIN=${BIN:-.venv/bin}
 case ${SAMPLING:-reference} in
@@ -40,15 +41,6 @@ F=${FEATURES:-$ROOT/features/$NAME}
 STEPS=${STEPS:-4800}
 VOCAB=${VOCAB:-8192}
 read -r -a M <<< "${METHODS:-dspark dflash eagle3 mtp}"
-opts() {  # the architecture of each method, as in scripts/cpu_reference.sh
-  case $1 in
-    dspark) echo --num-layers 2 --markov-rank 64 --block-size 7 --decay-gamma 4 ;;
-    dflash) echo --num-layers 2 --block-size 7 --decay-gamma 4 ;;
-    eagle3) echo --ttt-length 7 ;;
-    mtp) echo ;;
-    *) echo "unknown method $1 (methods: dspark dflash eagle3 mtp)" >&2; return 2 ;;
-  esac
-}
 for m in "${M[@]}"; do  # bad input fails before any work
   opts "$m" > /dev/null
   if [ -n "${INIT:-}" ] && [ ! -f "$INIT/$m/model.safetensors" ]; then

@@ -26,21 +26,13 @@
 # 11 chunks x 3 drafters each, most of that). A 9-minute lease finished the trainings and 32 prompts of each ablation.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/common.sh  # say, left, bounded
 OUT=${1:?usage: scripts/gpu_ablation.sh OUT}
 STEPS=${STEPS:-480}; LIMIT=${LIMIT:-32}; FULL=${FULL:-100}; MAXNEW=${MAXNEW:-256}; CONC=${CONC:-32}
 DEADLINE=${DEADLINE:-0}; PY=${PY:-python3}; DATA=${DATA:-data/smollm2/train-1k}
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 T0=$(date +%s)
 mkdir -p "$OUT/train" "$OUT/eval" "$OUT/logs"
-say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-left() {  # seconds left before DEADLINE (a day when there is none)
-  if [ "$DEADLINE" -gt 0 ]; then echo $(( DEADLINE - ($(date +%s) - T0) )); else echo 86400; fi
-}
-bounded() {  # bounded CMD...: run CMD, stopped (SIGINT, then SIGKILL 15 s later) at the deadline
-  local s; s=$(left)
-  [ "$s" -gt 5 ] || { echo "no time left for: $*"; return 124; }
-  timeout -s INT -k 15 "$s" "$@"
-}
 CLI=("$PY" -m dspark_bench.cli)
 TRAIN=(--data "$DATA" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed 42 --num-anchors 32 --decay-gamma 4
        --save-every "$STEPS" --dtype bf16 --features online --resume)

@@ -21,6 +21,7 @@
 # H200 (scripts/gpu_ablation.sh), about 230 sequences a second in all; at that pace these 4 x 25,600 need ~450 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/common.sh  # opts, say, left, bounded
 OUT=${1:?usage: scripts/gpu_reference.sh OUT   (settings in the environment; see the header)}
 STEPS1=${STEPS1:-1200}; STEPS2=${STEPS2:-400}; BATCH=${BATCH:-16}; MICRO=${MICRO:-16}
 LR1=${LR1:-6e-4}; LR2=${LR2:-3e-4}; VOCAB=${VOCAB:-8192}; ANCHORS=${ANCHORS:-32}; SEED=${SEED:-42}
@@ -30,15 +31,6 @@ SHIPPED=baselines/drafters/smollm2-135m
 PY=${PY:-python3}
 [ -x .venv/bin/python ] && [ "$PY" = python3 ] && PY=.venv/bin/python
 read -r -a M <<< "${METHODS:-dspark dflash eagle3 mtp}"
-opts() {  # each method's architecture, as shipped
-  case $1 in
-    dspark) echo --num-layers 2 --markov-rank 64 --block-size 7 --decay-gamma 4 ;;
-    dflash) echo --num-layers 2 --block-size 7 --decay-gamma 4 ;;
-    eagle3) echo --ttt-length 7 ;;
-    mtp) echo ;;
-    *) echo "unknown method $1 (methods: dspark dflash eagle3 mtp)" >&2; return 2 ;;
-  esac
-}
 for m in "${M[@]}"; do opts "$m" > /dev/null || exit 2; done  # bad input fails before any work
 for d in "$DATA1" "$DATA2" "$HELDOUT"; do
   [ -f "$d/responses.jsonl" ] || { echo "$d/responses.jsonl is missing: the script trains on the committed data" >&2; exit 2; }
@@ -47,15 +39,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
 CLI=("$PY" -m dspark_bench.cli)
 T0=$(date +%s)
 mkdir -p "$OUT/runs" "$OUT/logs"
-say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-left() {  # seconds left before DEADLINE (a day when there is none)
-  if [ "$DEADLINE" -gt 0 ]; then echo $(( DEADLINE - ($(date +%s) - T0) )); else echo 86400; fi
-}
-bounded() {  # bounded CMD...: run CMD, stopped (SIGINT, then SIGKILL 15 s later) at the deadline
-  local s; s=$(left)
-  [ "$s" -gt 5 ] || { echo "no time left for: $*"; return 124; }
-  timeout -s INT -k 15 "$s" "$@"
-}
 "$PY" -c "import torch; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 S=(--batch-size "$BATCH" --micro-batch "$MICRO" --seed "$SEED" --num-anchors "$ANCHORS" --draft-vocab "$VOCAB"
    --save-every "$SAVE_EVERY" --features online --device "$DEVICE" --resume)
