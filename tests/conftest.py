@@ -1,13 +1,17 @@
-"""Shared fixtures: tiny random-weight targets built from a config (no hub, no files)."""
+"""Shared fixtures: tiny random-weight targets built from a config (no hub, no files), and FIXTURES, the folder of
+small data files made for the tests (tests/fixtures/<package>/..., see its README.md)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
-from dspark_bench.target import Target
+from dspark_bench.target.model import Target
 
 TINY_EOS = 2
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHARPEN = 6.0
 
 

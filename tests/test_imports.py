@@ -15,7 +15,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(dspark_bench.__path__, "d
 
 
 def test_the_walk_finds_the_optional_engine_modules():
-    assert {"dspark_bench.vllm_run", "dspark_bench.vllm_lossless", "dspark_bench.ray_run"} <= set(MODULES)
+    assert {"dspark_bench.engines.vllm.run", "dspark_bench.lossless.vllm", "dspark_bench.engines.native.ray"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

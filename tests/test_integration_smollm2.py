@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dspark_bench import drafters
-from dspark_bench.engine import Engine, EngineConfig, Request
-from dspark_bench.suites import load_suite
-from dspark_bench.target import Target
+from dspark_bench.engines.native.loop import EngineConfig, Request, RoundLoop
+from dspark_bench.evaluation.suites import load_suite
+from dspark_bench.target.model import Target
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ def test_ngram_greedy_token_identical_to_none(smollm2):
     outputs = {}
     for name in ("none", "ngram"):
         results = []
-        Engine(smollm2, drafters.create(name, smollm2), EngineConfig(max_new_tokens=48, temperature=0.0)).run(
+        RoundLoop(smollm2, drafters.create(name, smollm2), EngineConfig(max_new_tokens=48, temperature=0.0)).run(
             reqs, results.append)
         outputs[name] = {r.request.request_id: r.output_ids for r in results}
         assert all(r.status == "ok" for r in results)

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from dspark_bench import rng
-from dspark_bench.timing import Timer
-from dspark_bench.verify import sample
+from dspark_bench.core import rng
+from dspark_bench.core.timing import Timer
+from dspark_bench.core.verify import sample
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Features, Target
-    from dspark_bench.verify import Verdict
+    from dspark_bench.core.verify import Verdict
+    from dspark_bench.target.model import Features, Target
 
 
 @dataclass(eq=False)
@@ -41,7 +41,7 @@ class Slot:
     request_id: int
     tokens: list[int]  # prompt + committed output; tokens[-1] is the current token (its target KV is not cached)
     prompt_len: int
-    seed: int  # keys every draw of the request: (seed, position, purpose), see dspark_bench.rng
+    seed: int  # keys every draw of the request: (seed, position, purpose), see dspark_bench.core.rng
     new_features: Features | None = None  # see the module docstring
     state: Any = None  # drafter-owned
 
@@ -74,14 +74,14 @@ class DraftContext:
     temperature: float
     block_size: int  # the most draft tokens one round may propose (gamma)
     slots: list[Slot] = field(default_factory=list)
-    timer: Timer = field(default_factory=Timer)  # spans "forward", "head", "sample" (see dspark_bench.timing)
+    timer: Timer = field(default_factory=Timer)  # spans "forward", "head", "sample" (see dspark_bench.core.timing)
     drafter: str = ""  # the drafter's registry name (a scheduler looks up its cost in the profile by it)
     last_round: RoundTiming | None = None  # set by the engine after each round
     reports_rounds: bool = False  # the engine will set last_round (a scheduler may wait for the first one)
 
     def draft_uniforms(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """Uniforms [R, n] (float64) for draft tokens 1..n of every slot: key (seed, position + j, DRAFT)."""
-        from dspark_bench.target import to_device
+        from dspark_bench.target.model import to_device
 
         start = np.array([s.position for s in self.slots], dtype=np.int64)
         u = rng.uniforms([s.seed for s in self.slots], start[:, None] + np.arange(1, n + 1), rng.DRAFT)

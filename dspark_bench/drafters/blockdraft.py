@@ -41,8 +41,8 @@ from dspark_bench.drafters import vocab
 from dspark_bench.drafters.blockloss import BlockTargets, block_targets, sample_anchors
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
-    from dspark_bench.train.types import TrainBatch
+    from dspark_bench.drafters.types import TrainBatch
+    from dspark_bench.target.model import Target
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 INIT_STD = 0.02  # HF default initialiser, as in the reference
@@ -136,7 +136,7 @@ def target_arch(target: Target, **fields: Any) -> Arch:
 
 
 def shipped(method: str, target: Target, root: Path | None = None) -> Path | None:
-    """The reference checkpoint shipped in ``baselines/drafters/<target>/<method>/``, if there is one."""
+    """The reference checkpoint shipped in ``dspark_bench/drafters/shipped/<target>/<method>/``, if there is one."""
     from dspark_bench.drafters.checkpoint import shipped_folder
 
     return shipped_folder(target.name, method, root)

@@ -16,7 +16,7 @@ for these drafters as for Eagle3 and MTP. Model compute is timed as the span "fo
 
 Weights: ``config.checkpoint`` (one of our folders, a DeepSeek-format folder, or a hub id ``org/name`` that
 is downloaded only because the user named it); otherwise the reference checkpoint shipped under
-``baselines/drafters/<target>/<method>/``; otherwise seeded random weights, with a warning.
+``dspark_bench/drafters/shipped/<target>/<method>/``; otherwise seeded random weights, with a warning.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ from dspark_bench.drafters.blockdraft import (
     target_arch,
 )
 from dspark_bench.drafters.registry import DrafterError
-from dspark_bench.target import to_device
+from dspark_bench.target.model import to_device
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Features, Target
-    from dspark_bench.verify import Verdict
+    from dspark_bench.core.verify import Verdict
+    from dspark_bench.target.model import Features, Target
 
 log = logging.getLogger(__name__)
 

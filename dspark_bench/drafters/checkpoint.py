@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
 
 FORMAT = "dspark-bench-drafter/1"
 # Shipped reference checkpoints: SHIPPED_ROOT/<target name>/<drafter name>/ (config.json + model.safetensors).
-SHIPPED_ROOT = Path(__file__).resolve().parents[2] / "baselines" / "drafters"
+SHIPPED_ROOT = Path(__file__).resolve().parent / "shipped"  # package data: found by an installed package too
 
 
 def shipped_folder(target_name: str, method: str, root: Path | None = None) -> Path | None:

@@ -26,7 +26,7 @@ from dspark_bench.drafters.blockdraft import Arch
 from dspark_bench.drafters.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
 
 
 # ---- shared -----------------------------------------------------------------------------------------------------

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dspark_bench.drafters.chain import Eagle3Model
 from dspark_bench.drafters.checkpoint import CheckpointError
 from dspark_bench.drafters.deepseek import frozen_copy_matches
-from dspark_bench.drafters.eagle3 import Eagle3Model
 from dspark_bench.drafters.layers import LayerSpec, rope_theta
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
 
 ARCHITECTURES = ("Qwen3Eagle3Model", "Eagle3DraftModel")  # both load as Qwen3Eagle3Model in DeepSpec
 REQUIRED = ("hidden_size", "vocab_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",

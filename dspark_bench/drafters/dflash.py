@@ -22,11 +22,11 @@ from dspark_bench.drafters.blockloss import (
     weighted_mean,
 )
 from dspark_bench.drafters.registry import register
-from dspark_bench.train.types import LossOutput
+from dspark_bench.drafters.types import LossOutput
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
-    from dspark_bench.train.types import TrainBatch
+    from dspark_bench.drafters.types import TrainBatch
+    from dspark_bench.target.model import Target
 
 
 class DFlashModel(BlockDraftModel):

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_bench.core.timing import Timer
 from dspark_bench.drafters.base import DraftContext, Proposal
 from dspark_bench.drafters.blockdraft import MARKOV_HEAD_TYPES, Arch, BlockDraftModel
 from dspark_bench.drafters.blockdrafter import BlockConfig, BlockDrafter
@@ -33,14 +34,13 @@ from dspark_bench.drafters.blockloss import (
     weighted_mean,
 )
 from dspark_bench.drafters.registry import DrafterError, register
+from dspark_bench.drafters.types import LossOutput
 from dspark_bench.drafters.vocab import DraftHead, RowLinear
-from dspark_bench.target import to_device
-from dspark_bench.timing import Timer
-from dspark_bench.train.types import LossOutput
+from dspark_bench.target.model import to_device
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
-    from dspark_bench.train.types import TrainBatch
+    from dspark_bench.drafters.types import TrainBatch
+    from dspark_bench.target.model import Target
 
 ALPHA_CE, ALPHA_L1, ALPHA_CONF = 0.1, 0.9, 1.0  # the paper's and the released configs' loss weights
 

@@ -6,7 +6,7 @@ after its last norm (``Features.final``); one pre-norm decoder block with causal
 module's own history (its own KV cache, as in DeepSeek-V3); final RMSNorm; the frozen target LM head. The output
 at position t predicts y_{t+2}.
 
-Inference reuses Eagle3's chain drafting (:class:`~dspark_bench.drafters.eagle3.ChainDrafter`): the cache holds
+Inference reuses Eagle3's chain drafting (:class:`~dspark_bench.drafters.chain.ChainDrafter`): the cache holds
 pairs (z_t, y_{t+1}); the first draft token comes from the output at the last committed position. **MTP-1**
 (``depth=1``, the paper's production baseline) proposes that one token per round. ``depth=k`` chains the same
 module k times ("MTP-k", static): draft j+1 is predicted from the pair (own output hidden of step j, x_j) at the
@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from dspark_bench.drafters import vocab
 from dspark_bench.drafters.base import DraftContext
-from dspark_bench.drafters.eagle3 import (
+from dspark_bench.drafters.chain import (
     ChainDrafter,
     ChainModel,
     checkpoint_folder,
@@ -42,8 +42,8 @@ from dspark_bench.drafters.layers import KV, DecoderLayer, LayerSpec, Linear, RM
 from dspark_bench.drafters.registry import DrafterError, register
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
-    from dspark_bench.train.types import LossOutput, TrainBatch
+    from dspark_bench.drafters.types import LossOutput, TrainBatch
+    from dspark_bench.target.model import Target
 
 
 class MTPModel(ChainModel):
@@ -76,7 +76,7 @@ class MTPModel(ChainModel):
         unused). ``soft=True``: soft cross-entropy against the target law pi_{t+1} instead of the token.
         Acceptance: [1], alpha* = 1 - TV(q_t, pi_{t+1}) averaged over every position where y_{t+2} is a response
         token (the hard CE leaves out those outside the draft vocabulary; the acceptance keeps them)."""
-        from dspark_bench.train.types import LossOutput
+        from dspark_bench.drafters.types import LossOutput
 
         b, n = batch.input_ids.shape
         positions = torch.arange(n, device=batch.input_ids.device).expand(b, n)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dspark_bench.drafters.base import Drafter
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
 
 _DRAFTERS: dict[str, type[Drafter]] = {}  # filled by @register at import time only
 

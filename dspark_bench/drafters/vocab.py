@@ -1,4 +1,4 @@
-"""Reduced draft vocabulary: draft over the N most frequent target tokens, verify over all V (issue 16).
+"""Reduced draft vocabulary: draft over the N most frequent target tokens, verify over all V.
 
 Terms:
 
@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from dspark_bench.verify import sample, to_probs
+from dspark_bench.core.verify import sample, to_probs
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
 
 STATE_KEY = "draft_vocab"  # the buffer's name, and its key in model.safetensors
 FORMAT = "dspark-bench-draft-vocab/1"

@@ -1,6 +1,6 @@
 """The ``dspark`` model for lm-eval: generation through the one engine, likelihoods through the target.
 
-``generate_until``: every request is decoded by :class:`~dspark_bench.engine.Engine` with the configured
+``generate_until``: every request is decoded by :class:`~dspark_bench.engines.native.loop.RoundLoop` with the configured
 drafter and scheduler, ``concurrency`` requests at a time (default: lm-eval's batch size). Requests are grouped
 by their effective (temperature, max_gen_toks); each group is one engine run in lm-eval's order.
 
@@ -17,9 +17,9 @@ by their effective (temperature, max_gen_toks); each group is one engine run in 
   the model's ``temperature`` (default 0). ``max_gen_toks`` in ``gen_kwargs`` wins over the model's.
 * **Seeds.** Request seed = ``seed + doc_id + repeat * 100000``: a task built from a suite gets the same
   seeds as ``dspark-bench run`` on the same prompts.
-* **Records.** Every generation becomes a :class:`~dspark_bench.results.RequestRecord` (dataset = task name),
+* **Records.** Every generation becomes a :class:`~dspark_bench.core.records.RequestRecord` (dataset = task name),
   kept in :attr:`DSparkLM.records` and, with ``records_dir``, appended to ``records.jsonl`` next to a
-  ``manifest.json``; ``summary.json`` (:func:`dspark_bench.metrics.summarize`) is rewritten after every batch
+  ``manifest.json``; ``summary.json`` (:func:`dspark_bench.evaluation.metrics.summarize`) is rewritten after every batch
   of requests. lm-eval's results get a compact per-task acceptance summary under ``config.dspark``. With
   lm-eval's ``use_cache``, generations served from its cache are not decoded again and have no record.
 
@@ -44,21 +44,14 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from dspark_bench import drafters as drafter_registry
-from dspark_bench.engine import Engine, EngineConfig, Request, RequestResult
-from dspark_bench.metrics import summarize
-from dspark_bench.results import (
-    SCHEMA_VERSION,
-    SUMMARY,
-    RequestRecord,
-    RunWriter,
-    environment,
-    record_from_result,
-    write_json,
-)
-from dspark_bench.runner import resolve_scheduler_options
-from dspark_bench.schedulers import create_scheduler
-from dspark_bench.suites import DEFAULT_SEED
-from dspark_bench.target import EMBEDDED, Target
+from dspark_bench.core.records import RequestRecord, record_from_result
+from dspark_bench.engines.native.loop import EngineConfig, Request, RequestResult, RoundLoop
+from dspark_bench.engines.native.runner import resolve_scheduler_options
+from dspark_bench.evaluation.metrics import summarize
+from dspark_bench.evaluation.runs import SCHEMA_VERSION, SUMMARY, RunWriter, environment, write_json
+from dspark_bench.evaluation.suites import DEFAULT_SEED
+from dspark_bench.scheduling.schedulers import create_scheduler, with_profile
+from dspark_bench.target.model import EMBEDDED, Target
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +166,7 @@ class DSparkLM(LM):
         self.drafter = drafter_registry.create(cfg.drafter, self.target, drafter_opts)
         # as in runs: the drafter's calibration (and no profile: lm-eval passes one as scheduler.profile=...)
         scheduler_opts = resolve_scheduler_options(cfg.scheduler, scheduler_opts, None, self.drafter)
-        self.scheduler = create_scheduler(cfg.scheduler, **scheduler_opts)
+        self.scheduler = with_profile(create_scheduler(cfg.scheduler, **scheduler_opts), self.target)
         self.max_length = cfg.max_length or int(getattr(self.target.config, "max_position_embeddings", 2048))
         self.records: list[RequestRecord] = []
         self._writer = RunWriter(cfg.records_dir, self._manifest(drafter_opts, scheduler_opts)) \
@@ -222,7 +215,7 @@ class DSparkLM(LM):
 
     def _run_group(self, gens: list[_Gen], ids: list[int], temperature: float, max_tokens: int):
         cfg = self.config
-        engine = Engine(self.target, self.drafter,
+        engine = RoundLoop(self.target, self.drafter,
                         EngineConfig(max_tokens, temperature, cfg.block_size, cfg.concurrency), self.scheduler)
         budget = self.max_length - max_tokens
         requests = []
@@ -354,7 +347,7 @@ class DSparkLM(LM):
             self._writer.close()
 
     def acceptance_summary(self) -> dict:
-        """:func:`dspark_bench.metrics.summarize` over every generation so far."""
+        """:func:`dspark_bench.evaluation.metrics.summarize` over every generation so far."""
         return summarize(self.records, self.config.block_size)
 
     def _write_summary(self) -> None:

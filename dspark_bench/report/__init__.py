@@ -1,6 +1,6 @@
 """Reports: read recorded results (never rerun or recompute acceptance) and render HTML, Markdown and PNGs.
 
-``build_report(runs, out_dir)`` is the entry point; ``dspark_bench.report.cli`` holds the ``report`` and
+``build_report(runs, out_dir)`` is the entry point; ``dspark_bench.cli.report`` holds the ``report`` and
 ``paper`` commands. Optional result files (profile.json, sweep.json, simulate.json, calibration.json,
 lossless.json) are documented in :mod:`dspark_bench.report.inputs`.
 """

@@ -1,6 +1,6 @@
 """``index.html``: one self-contained page. plotly.js is embedded once in the head (no CDN, works offline);
 each figure is a div plus a newPlot call. A last script records on ``<html>`` how many figures rendered and
-how many script errors happened, which ``scripts/screenshot_report.sh`` checks in headless Chromium."""
+how many script errors happened, which ``recipes/screenshot_report.sh`` checks in headless Chromium."""
 
 from __future__ import annotations
 

@@ -4,12 +4,12 @@ Each is found by its file name, inside a run folder, in a folder of its own, or 
 those of the tools that write them; numbers are shown as recorded, never re-derived. Non-finite numbers may be
 written as NaN or as the strings "nan"/"inf"; they are shown as missing.
 
-``profile.json`` (``dspark-bench profile``, :mod:`dspark_bench.profile`)::
+``profile.json`` (``dspark-bench profile``, :mod:`dspark_bench.scheduling.profile`)::
 
     {"target", "dtype", "device", "machine", "context_lengths": [...], "batch_tokens": [...],
      "steps_per_s": [[...per batch_tokens...] per context length]}        # the first four optional here
 
-``sweep.json`` (``dspark-bench sweep``, :mod:`dspark_bench.sweep`): measured cells::
+``sweep.json`` (``dspark-bench sweep``, :mod:`dspark_bench.studies.sweep`): measured cells::
 
     {"spec": {...}, "profile": "...", "comparisons": [...],                 # optional
      "rows": [{"drafter", "scheduler", "label", "concurrency", "options": {"theta": 0.3, ...},
@@ -21,11 +21,11 @@ written as NaN or as the strings "nan"/"inf"; they are shown as missing.
   mean_verify_budget. Rows of scheduler ``threshold`` with ``options.theta`` make the threshold sweep
   (paper Figure 5); an optional ``domain`` splits it by domain (otherwise all prompts are pooled).
 
-``simulate.json`` (``dspark-bench simulate``, :mod:`dspark_bench.simulate`): SIMULATED cells, same row fields
+``simulate.json`` (``dspark-bench simulate``, :mod:`dspark_bench.studies.simulate`): SIMULATED cells, same row fields
 (``drafter`` and ``label`` optional), plus optional top-level ``simulated``, ``note``, ``profile``,
 ``machine``, ``layout``, ``overhead``, ``traces``, ``validation``.
 
-``calibration.json`` (``dspark-bench calibrate``, :mod:`dspark_bench.calibration`)::
+``calibration.json`` (``dspark-bench calibrate``, :mod:`dspark_bench.scheduling.calibration`)::
 
     {"source": {"drafter": ..., ...}, "summary": {"ece_before", "ece_after", "auroc_before", ...},
      "positions": [{"k", "n", "temperature", "before": {"ece", "auroc", "brier", "bins": [[mean_pred,

@@ -3,7 +3,7 @@
 A report input is a run folder (``manifest.json`` + ``summary.json``, or ``records.jsonl`` of a run that did not
 finish), a folder of run folders, a folder holding only result files, or a result file named directly.
 Numbers come from ``summary.json`` as recorded. Only a run without one (it stopped early) is re-aggregated,
-from its records, by :func:`dspark_bench.metrics.summarize`: the one definition of every metric.
+from its records, by :func:`dspark_bench.evaluation.metrics.summarize`: the one definition of every metric.
 
 Every summary group becomes an :class:`Entry`. Its *label* is the drafter name plus whatever else varies
 across the report's inputs (target, scheduler, concurrency, the drafter's variant, block size γ, and the run when
@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_bench.core.records import ResultsError
+from dspark_bench.evaluation.runs import MANIFEST, RECORDS, SUMMARY, read_manifest
 from dspark_bench.report.inputs import KINDS, ReportError, read_artifact
 from dspark_bench.report.style import domain_sort_key, drafter_sort_key
-from dspark_bench.results import MANIFEST, RECORDS, SUMMARY, ResultsError, read_manifest
 
 VARIANT_FIELDS = ("target", "scheduler", "concurrency", "variant", "block_size", "run")
 # What tells two drafters of one name apart (short names in labels); block_size has a field of its own.
@@ -125,8 +126,8 @@ class Inputs:
 def _summary(folder: Path, manifest: Mapping[str, Any]) -> tuple[dict, str]:
     if (folder / SUMMARY).is_file():
         return json.loads((folder / SUMMARY).read_text(encoding="utf-8")), SUMMARY
-    from dspark_bench.metrics import summarize
-    from dspark_bench.results import read_records
+    from dspark_bench.evaluation.metrics import summarize
+    from dspark_bench.evaluation.runs import read_records
 
     gamma = int(manifest.get("args", {}).get("block_size", 0))
     if gamma < 1:
@@ -215,8 +216,8 @@ def _varying(entries: Sequence[Entry]) -> frozenset[str]:
 
 def _known_domains() -> dict[str, str]:
     """Dataset -> domain for the datasets we ship and the paper's, for runs whose manifest lists no prompts."""
-    from dspark_bench.report.paper import load_table1
-    from dspark_bench.suites import SuiteError, datasets
+    from dspark_bench.evaluation.suites import SuiteError, datasets
+    from dspark_bench.report.table1 import load_table1
 
     try:
         ours = {name: spec.domain for name, spec in datasets().items()}

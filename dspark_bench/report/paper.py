@@ -1,4 +1,4 @@
-"""The paper's Table 1 as data (``baselines/paper/table1.json``), its offline protocol, and our numbers beside it.
+"""The paper's Table 1 as data (``dspark_bench/report/table1.json``), its offline protocol, and our numbers beside it.
 
 Protocol (reference section 3): nine benchmarks with fixed caps, seed 980406, temperature 1.0, 2048 new tokens,
 block size 7, no scheduler. Prompts come from a folder of DeepSpec ``eval_datasets/<name>.jsonl`` files when
@@ -10,7 +10,6 @@ stand in for MT-Bench, Alpaca and Arena-Hard, labelled as such and never compare
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,59 +17,13 @@ from pathlib import Path
 from dspark_bench.report.inputs import ReportError, _obj
 from dspark_bench.report.load import Entry, Inputs
 from dspark_bench.report.style import fmt, fmt_ci, fmt_pct
+from dspark_bench.report.table1 import PaperTable1, PaperTarget, load_table1
 from dspark_bench.report.tables import Table, macro_mean, relative_gain
 
-TABLE1_PATH = Path(__file__).resolve().parents[2] / "baselines" / "paper" / "table1.json"
 PLAN_FILE = "paper_table1.json"
 BUILT_IN = ("gsm8k", "aime25", "humaneval")
 CHAT_STAND_IN = "chat"
 FILE_ALIASES = {"arena-hard-v2": ("arena-hard-v2", "arena-hard")}
-
-
-@dataclass(frozen=True)
-class PaperDataset:
-    name: str
-    label: str
-    domain: str
-    cap: int
-
-
-@dataclass(frozen=True)
-class PaperTarget:
-    name: str
-    aliases: tuple[str, ...]
-    tau: Mapping[str, Mapping[str, float]]  # drafter -> dataset -> tau
-    macro: Mapping[str, float]
-    domain_means: Mapping[str, Mapping[str, float]]
-
-
-@dataclass(frozen=True)
-class PaperTable1:
-    source: str
-    datasets: tuple[PaperDataset, ...]
-    drafters: Mapping[str, str]  # our drafter name -> the paper's
-    targets: tuple[PaperTarget, ...]
-
-    def match(self, target: str) -> PaperTarget | None:
-        """The paper target a hub id or model folder names (case, '-', '_', '.' and the owner ignored)."""
-        key = _norm(target)
-        return next((t for t in self.targets if key in {_norm(a) for a in (t.name, *t.aliases)}), None)
-
-    def domain_of(self, dataset: str) -> str | None:
-        return next((d.domain for d in self.datasets if d.name == dataset), None)
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_. ]", "", str(name).rstrip("/").rsplit("/", 1)[-1].lower())
-
-
-def load_table1(path: Path = TABLE1_PATH) -> PaperTable1:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    d = _obj(data, str(path), ("source", "metric", "derived", "settings", "datasets", "drafters", "targets"))
-    targets = tuple(PaperTarget(t["name"], tuple(t["aliases"]), t["tau"], t["macro"], t["domain_means"])
-                    for t in (_obj(t, str(path), ("name", "aliases", "tau", "macro", "domain_means"))
-                              for t in d["targets"]))
-    return PaperTable1(d["source"], tuple(PaperDataset(**x) for x in d["datasets"]), d["drafters"], targets)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -188,7 +141,7 @@ def _find_file(data_dir: Path | None, name: str) -> Path | None:
 
 def resolve_prompts(names: Sequence[str], data_dir: Path | None, limit: int | None, seed: int) -> tuple[list, list[PlanRow]]:
     """Prompts of the paper's benchmarks ``names``, capped at min(paper cap, limit), and the plan that says whence."""
-    from dspark_bench.suites import load_dataset, load_jsonl
+    from dspark_bench.evaluation.suites import load_dataset, load_jsonl
 
     table = load_table1()
     specs = {d.name: d for d in table.datasets}

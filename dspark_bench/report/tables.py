@@ -8,13 +8,13 @@ of those means. Per-dataset τ and its 95% interval are read from ``summary.json
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_bench.evaluation.metrics import MIN_ROUNDS, wilson
 from dspark_bench.report.inputs import Calibration, CellRow, Lossless, Profile
 from dspark_bench.report.load import Entry, Inputs, RunData
 from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key, fmt, fmt_ci, fmt_pct
@@ -125,18 +125,6 @@ def gains_table(inputs: Inputs) -> Table | None:
                  tuple(rows), caption)
 
 
-MIN_ROUNDS = 30  # a draft position tested in fewer rounds is marked in the table and left out of the figure
-WILSON_Z = 1.959964  # 95%
-
-
-def wilson(successes: int, trials: int, z: float = WILSON_Z) -> tuple[float, float] | None:
-    """Wilson score interval of a binomial proportion; None without trials."""
-    if trials <= 0:
-        return None
-    p, zz = successes / trials, z * z
-    centre = (p + zz / (2 * trials)) / (1 + zz / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + zz / (4 * trials * trials)) / (1 + zz / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)
@@ -213,7 +201,7 @@ def speed_table(inputs: Inputs) -> Table:
                      *(_ms(m.get("tpot_s"), q) for q in ("p50", "p90", "p99"))))
     caption = ("tokens/s = decode tokens / decode seconds (the first token is timed in TTFT); speedup = tokens/s "
                "over `none` on the same prompts in the same run, median over repeats; TTFT and TPOT percentiles "
-               "over requests, in milliseconds. Definitions: dspark_bench/metrics.py.")
+               "over requests, in milliseconds. Definitions: dspark_bench/evaluation/metrics.py.")
     cols = ("drafter", "prompts", "errors", "τ", "tokens/s", "speedup vs none", "TTFT p50 (ms)", "TTFT p90 (ms)",
             "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p90 (ms)", "TPOT p99 (ms)")
     return Table("Wall-clock speed (all prompts)", cols, tuple(rows), caption)

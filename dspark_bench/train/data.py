@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
     from dspark_bench.train.prompts import TrainPrompt
 
 FORMAT = "dspark-bench-train-data/1"

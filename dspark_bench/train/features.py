@@ -1,7 +1,7 @@
 """Target features for training (reference section 7.3): computed on the fly, or cached on disk in shards.
 
 Both sources turn a list of :class:`~dspark_bench.train.data.TrainSequence` into a right-padded
-:class:`~dspark_bench.train.types.TrainBatch` on the target's device, with ``layers`` holding exactly the taps a
+:class:`~dspark_bench.drafters.types.TrainBatch` on the target's device, with ``layers`` holding exactly the taps a
 drafter asked for, in its order.
 
 * :class:`OnlineFeatures`: one batched, right-padded forward of the frozen target per training batch
@@ -9,7 +9,7 @@ drafter asked for, in its order.
 * :class:`FeatureCache`: safetensors shards written once by :func:`write_cache` (``dspark-bench data
   features``) with a ``manifest.json`` (format, target name + :class:`TargetFingerprint`, taps, hidden size,
   dtype, per-sample shard/offset/length). Writing resumes: after each shard ``progress.json`` says what is done,
-  and a write interrupted (a session's end, a crash) continues from its last shard when run again with the same
+  and a write interrupted (a stopped job, a crash) continues from its last shard when run again with the same
   settings, with the bytes of an uninterrupted run. Reading checks the manifest against the target and the drafter's
   taps, and each sample's cached token ids against the sequence's, and fails with the reason.
 
@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dspark_bench.train.types import TrainBatch
+from dspark_bench.drafters.types import TrainBatch
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
     from dspark_bench.train.data import TrainSequence
 
 FORMAT = "dspark-bench-features/1"

@@ -32,7 +32,7 @@ from dspark_bench.train.trainer import FeatureSource, TrainError, expected_lengt
 if TYPE_CHECKING:
     from torch import nn
 
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
     from dspark_bench.train.data import TrainSequence
     from dspark_bench.train.methods import Method, MethodOptions
 

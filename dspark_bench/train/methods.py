@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
+    from dspark_bench.target.model import Target
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def _block_loss(o: MethodOptions) -> dict[str, Any]:
 
 # ---- chain drafters (eagle3, mtp) ------------------------------------------------------------------------------
 def _build_eagle3(target: Target, o: MethodOptions) -> nn.Module:
-    from dspark_bench.drafters.eagle3 import Eagle3Model
+    from dspark_bench.drafters.chain import Eagle3Model
     from dspark_bench.drafters.layers import LayerSpec, init_weights
 
     model = Eagle3Model(LayerSpec.from_target(target), _taps(target, o), target)

@@ -1,7 +1,7 @@
 """Training prompts: an original, seeded, programmatically generated mix of math, code and chat requests.
 
 There is no training split of our evaluation data on this machine, so the prompts are built from ingredients
-written for dspark-bench in ``suites/train/`` (provenance in its README): math word-problem templates plus
+written for dspark-bench in ``dspark_bench/evaluation/data/train/`` (provenance in its README): math word-problem templates plus
 built-in exercise generators, a catalogue of 170 function specifications plus code-snippet patterns, and chat
 topics x request types. The mix follows the reference's (section 7.1: chat 17.6%, math 39.4%, code 38.9%):
 ``MIX`` = math 40%, code 40%, chat 20%.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dspark_bench.suites import SUITES_DIR
+from dspark_bench.evaluation.suites import SUITES_DIR
 
 SOURCE_DIR = SUITES_DIR / "train"
 MIX = (("math", 0.4), ("code", 0.4), ("chat", 0.2))

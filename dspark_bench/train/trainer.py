@@ -28,19 +28,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from dspark_bench.train.methods import Method, MethodOptions
 
 if TYPE_CHECKING:
-    from dspark_bench.target import Target
+    from dspark_bench.drafters.types import TrainBatch
+    from dspark_bench.target.model import Target
     from dspark_bench.train.data import TrainSequence
-    from dspark_bench.train.heldout import HeldOut
-    from dspark_bench.train.types import TrainBatch
 
 FeatureSource = Callable[[Sequence["TrainSequence"]], "TrainBatch"]
+
+
+class Scorer(Protocol):
+    """A held-out set the trainer scores now and then (:class:`dspark_bench.train.heldout.HeldOut`)."""
+
+    def score(self, module: torch.nn.Module, loss_kwargs: dict[str, Any]) -> Any:  # returns .to_json()
+        ...
+
 STATE = "training_state.pt"
 
 
@@ -344,7 +351,7 @@ def _truncate_log(path: Path, step: int) -> None:
 
 def train(config: TrainConfig, method: Method, target, sequences: Sequence[TrainSequence], features: FeatureSource,
           out: str | Path, resume: bool = False, on_step: Callable[[StepRecord], None] | None = None,
-          heldout: HeldOut | None = None, heldout_every: int = 0) -> Path:
+          heldout: Scorer | None = None, heldout_every: int = 0) -> Path:
     """Run (or resume) training to ``config.steps``; returns the folder of the final drafter checkpoint.
 
     ``heldout``: score the module on that set every ``heldout_every`` steps and at the last step (the score goes

@@ -1,6 +1,6 @@
 """lm-eval hooks of the offline dspark tasks, loaded by the YAMLs next to this file (``!function utils.NAME``).
 
-Documents come from the packaged suites (:func:`dspark_bench.suites.load_dataset` with its default cap and
+Documents come from the packaged suites (:func:`dspark_bench.evaluation.suites.load_dataset` with its default cap and
 seed), in the suite's order, so ``--limit N`` evaluates exactly the prompts of ``dspark-bench run --limit N``.
 Nothing is downloaded and no copy of the data is written.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dspark_bench.evaluation.suites import load_dataset
 from dspark_bench.lmeval.humaneval_exec import run_program
 from dspark_bench.lmeval.scoring import extract_gsm8k, humaneval_program, same_answer
-from dspark_bench.suites import load_dataset
 
 
 def _dataset(rows: list[dict]):

@@ -1,0 +1,1 @@
+"""The ``dspark-bench`` command line: one module per command group."""

@@ -1,0 +1,378 @@
+"""Click commands for confidence-scheduled verification: ``profile``, ``sweep``, ``calibrate``, ``simulate``.
+
+Attached to the ``dspark-bench`` group by :mod:`dspark_bench.cli.main` (at its end, after its helpers exist).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from dspark_bench.cli.common import DTYPE_OPTION, console, stdout
+from dspark_bench.cli.common import friendly as _friendly
+from dspark_bench.cli.common import parse_limit as _parse_limit
+from dspark_bench.cli.common import parse_options as _parse_options
+
+
+def _ints(value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a comma list of integers, e.g. 1,2,4") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: expected positive integers")
+    return out
+
+
+def _floats(value: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a comma list of numbers, e.g. 0,0.1,0.2") from None
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def _resolve_dtype(dtype: str) -> str:
+    from dspark_bench.target.model import resolve_dtype
+
+    return resolve_dtype(dtype)
+
+
+def _load_target(target: str, dtype: str):
+    from dspark_bench.target.model import Target
+
+    console.print(f"loading target [bold]{target}[/] ({dtype}) ...")
+    return Target.load(target, dtype=dtype)
+
+
+_target = click.option("--target", default="smollm2-135m", show_default=True)
+_dtype = DTYPE_OPTION
+_threads_opt = click.option("--threads", default=None, type=int,
+                            help="torch threads (1 avoids oversubscription on a shared CPU).")
+
+
+@click.command()
+@_target
+@_dtype
+@click.option("--max-batch-tokens", default=128, show_default=True, type=int)
+@click.option("--contexts", default="128,512", show_default=True, help="Comma list of context lengths.")
+@click.option("--width", default=8, show_default=True, type=int, help="Tokens per request row (gamma + 1).")
+@click.option("--repeats", default=5, show_default=True, type=int)
+@click.option("--rows", default="1,2,4,8,16,32,64", show_default=True,
+              help="Requests per round of the verify grid and the round costs.")
+@click.option("--grid/--no-grid", default=True, show_default=True,
+              help="Also time R rows x w tokens (w = 1..width), the shape this engine verifies.")
+@click.option("--drafter", "drafter_list", default="",
+              help="Comma list of drafters whose propose to time per R (and the engine overhead), e.g. dspark.")
+@click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
+@click.option("--block-size", default=7, show_default=True, type=int, help="Proposal length of the drafter timings.")
+@click.option("--out", default="profile.json", show_default=True)
+@_threads_opt
+@_friendly
+def profile(target, dtype, max_batch_tokens, contexts, width, repeats, rows, grid, drafter_list, drafter_opt,
+            block_size, out, threads):
+    """Measure what a round costs: the target's steps/s vs batch tokens (SPS), the verify grid (rows x width)
+    and, with --drafter, each drafter's propose and the engine's overhead per R (the schedulers' cost model)."""
+    _threads(threads)
+    dtype = _resolve_dtype(dtype)
+    tgt = _load_target(target, dtype)
+    result = measure_full_profile(tgt, max_batch_tokens, _ints(contexts), width, repeats, _ints(rows) if grid else (),
+                                  _names(drafter_list), _parse_options(drafter_opt), block_size)
+    from dspark_bench.scheduling.profile import save_profile
+
+    save_profile(result, out)
+    _print_profile(result)
+    stdout.print(f"written to {out}")
+
+
+def measure_full_profile(tgt, max_batch_tokens: int, contexts: tuple[int, ...], width: int, repeats: int,
+                         rows: tuple[int, ...], drafter_names: tuple[str, ...], drafter_options: dict,
+                         block_size: int):
+    """SPS table, the verify grid (when ``rows``) and the round costs of ``drafter_names`` (when any)."""
+    from dspark_bench import drafters as registry
+    from dspark_bench.scheduling.profile import (
+        DEFAULT_BATCH_TOKENS,
+        DEFAULT_ROWS,
+        measure_profile,
+        measure_verify_grid,
+    )
+    from dspark_bench.studies.profile import measure_round_costs
+
+    unknown = sorted(set(drafter_options) - set(drafter_names))
+    if unknown:
+        raise click.BadParameter(f"--drafter-opt names {', '.join(unknown)}, not in --drafter "
+                                 f"({', '.join(drafter_names) or 'none given'})")
+    grid = sorted({b for b in DEFAULT_BATCH_TOKENS if b <= max_batch_tokens} | {max_batch_tokens})
+    result = measure_profile(tgt, grid, contexts, width, repeats)
+    if rows:
+        widths = tuple(range(1, width + 1))
+        result = dataclasses.replace(result, verify=measure_verify_grid(tgt, rows, widths, contexts, repeats))
+    if drafter_names:
+        made = {n: registry.create(n, tgt, drafter_options.get(n)) for n in drafter_names}
+        draft, overhead = measure_round_costs(tgt, made, rows or DEFAULT_ROWS, block_size, min(contexts))
+        result = dataclasses.replace(result, draft=draft, overhead=overhead, block_size=block_size)
+    return result
+
+
+def _print_profile(result) -> None:
+    table = Table(title=f"steps/s, {result.target} {result.dtype} on {result.machine}")
+    table.add_column("B", justify="right")
+    for c in result.context_lengths:
+        table.add_column(f"ctx {c}", justify="right")
+    for i, b in enumerate(result.batch_tokens):
+        table.add_row(str(b), *(f"{row[i]:.2f}" for row in result.steps_per_s))
+    stdout.print(table)
+    curves = {**{f"draft {k}": v for k, v in result.draft.items()},
+              **({"overhead": result.overhead} if result.overhead else {})}
+    if curves:
+        costs = Table(title=f"round costs, ms (block size {result.block_size})")
+        costs.add_column("R", justify="right")
+        for name in curves:
+            costs.add_column(name, justify="right")
+        rows = next(iter(curves.values())).rows
+        for i, r in enumerate(rows):
+            costs.add_row(str(r), *(f"{1000 * c.seconds[i]:.1f}" for c in curves.values()))
+        stdout.print(costs)
+
+
+@click.command()
+@_target
+@_dtype
+@click.option("--drafter", "drafter_list", default="dspark", show_default=True, help="Comma list of drafters.")
+@click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
+@click.option("--scheduler", "scheduler_list", default="fixed,threshold,hardware-aware,async", show_default=True,
+              help="Comma list of NAME or NAME[KEY=VALUE,...], e.g. hardware-aware[layout=padded].")
+@click.option("--scheduler-opt", multiple=True, help="Scheduler option SCHEDULER.KEY=VALUE (repeatable).")
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True)
+@click.option("--fixed-lengths", default="", help="Also run fixed with at most L verified tokens, e.g. 1,2,3.")
+@click.option("--threshold-sweep", is_flag=True, help="Run `threshold` once per --thetas value instead.")
+@click.option("--thetas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", show_default=True)
+@click.option("--baseline", default="none,mtp", show_default=True,
+              help="Reference drafters run with `fixed` (none = vanilla; mtp = MTP-1) when they have weights.")
+@click.option("--suite", default="all", show_default=True)
+@click.option("--limit", default="4", show_default=True)
+@click.option("--max-new-tokens", default=64, show_default=True, type=int)
+@click.option("--temperature", default=1.0, show_default=True, type=float)
+@click.option("--block-size", default=7, show_default=True, type=int)
+@click.option("--seed", default=980406, show_default=True, type=int)
+@click.option("--repeats", default=1, show_default=True, type=int, help="Passes over the prompts (ABBA order).")
+@click.option("--profile", "profile_path", default=None, help="profile.json; default: measure into OUT/profile.json.")
+@click.option("--out", default=None, help="Sweep folder. Default: results/sweep-<time>.")
+@_threads_opt
+@_friendly
+def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_opt, concurrency, fixed_lengths,
+          threshold_sweep, thetas, baseline, suite, limit, max_new_tokens, temperature, block_size, seed, repeats,
+          profile_path, out, threads):
+    """Concurrency x scheduler sweep through the engine (same prompts and seeds in every cell)."""
+    from dspark_bench.evaluation.suites import load_suite
+    from dspark_bench.scheduling.profile import save_profile
+    from dspark_bench.scheduling.schedulers import parse_scheduler, scheduler_class, split_schedulers
+    from dspark_bench.studies.sweep import SweepSpec, run_sweep
+
+    _threads(threads)
+    dtype = _resolve_dtype(dtype)
+    schedulers = split_schedulers(scheduler_list)
+    for item in schedulers:
+        scheduler_class(parse_scheduler(item)[0])
+    spec = SweepSpec(target=target, drafters=_names(drafter_list), schedulers=schedulers,
+                     concurrency=_ints(concurrency), scheduler_options=_parse_options(scheduler_opt),
+                     drafter_options=_parse_options(drafter_opt),
+                     fixed_lengths=_ints(fixed_lengths) if fixed_lengths else (),
+                     thetas=_floats(thetas) if threshold_sweep else None, baselines=_names(baseline), repeats=repeats,
+                     suite=suite, limit=_parse_limit(limit), max_new_tokens=max_new_tokens, temperature=temperature,
+                     block_size=block_size, seed=seed, dtype=dtype)
+    folder = Path(out or f"results/sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    tgt = _load_target(target, dtype)
+    if profile_path is None:
+        console.print("measuring the engine profile (pass --profile to reuse one) ...")
+        profile_path = str(folder / "profile.json")
+        save_profile(measure_full_profile(tgt, 128, (128, 512), block_size + 1, 5, (1, 2, 4, 8, 16, 32, 64),
+                                          spec.drafters, {k: v for k, v in spec.drafter_options.items()
+                                                          if k in spec.drafters}, block_size), profile_path)
+    prompts = load_suite(suite, spec.limit, seed)
+    result = run_sweep(spec, tgt, prompts, folder, profile_path, on_cell=_print_cell)
+    _print_rows(result["rows"])
+    stdout.print(f"written to {folder / 'sweep.json'}")
+
+
+def _print_cell(row: dict) -> None:
+    console.print(f"{row['drafter']} {row['label']} R={row['concurrency']}: "
+                  f"{_f(row['aggregate_tokens_per_s'])} tok/s, budget {_f(row['mean_verify_budget'])}, "
+                  f"waste {_f(row['waste'])}, tau {_f(row['tau'])}")
+
+
+def _f(value, spec=".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _print_rows(rows: list[dict]) -> None:
+    table = Table(title="sweep (aggregate decode throughput; budget = verified tokens per request per step + 1)")
+    for col in ("drafter", "scheduler", "R", "agg tok/s", "tok/s/req", "budget", "waste", "τ"):
+        table.add_column(col, justify="left" if col in ("drafter", "scheduler") else "right")
+    for r in rows:
+        table.add_row(r["drafter"], r["label"], str(r["concurrency"]), _f(r["aggregate_tokens_per_s"]),
+                      _f(r["per_request_tps"]), _f(r["mean_verify_budget"]), _f(r["waste"], ".1%"), _f(r["tau"]))
+    stdout.print(table)
+
+
+@click.command()
+@_target
+@_dtype
+@click.option("--drafter", required=True, help="A drafter that predicts confidences.")
+@click.option("--drafter-opt", multiple=True, help="Drafter option DRAFTER.KEY=VALUE (repeatable).")
+@click.option("--suite", default="all", show_default=True)
+@click.option("--source", default="slice", show_default=True, type=click.Choice(["slice", "generated"]),
+              help="slice: suite prompts beyond --eval-limit per dataset; generated: the training prompt generator "
+                   "under --seed (not the training seed 0), with no evaluation or training text.")
+@click.option("--heldout", default=8, show_default=True, type=int,
+              help="Held-out prompts per dataset (slice) or in all (generated).")
+@click.option("--eval-limit", default=16, show_default=True, type=int,
+              help="Hold out only prompts beyond the first N of each dataset (evaluation runs use --limit <= N).")
+@click.option("--records", "records_dir", default=None, help="Fit from this held-out run folder instead.")
+@click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
+@click.option("--temperature", default=1.0, show_default=True, type=float, help="As in the runs it calibrates for.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--block-size", default=7, show_default=True, type=int)
+@click.option("--seed", default=980406, show_default=True, type=int)
+@click.option("--out", default=None, help="Folder for calibration.json (and the held-out run).")
+@_threads_opt
+@_friendly
+def calibrate(target, dtype, drafter, drafter_opt, suite, source, heldout, eval_limit, records_dir, concurrency,
+              temperature, max_new_tokens, block_size, seed, out, threads):
+    """Fit Sequential Temperature Scaling on held-out rounds; write calibration.json with before/after ECE,
+    AUROC, Brier and reliability bins per position."""
+    from dspark_bench.evaluation.runs import read_records
+    from dspark_bench.studies.sweep import SweepSpec, calibrate_records, generated_prompts, heldout_prompts
+    from dspark_bench.studies.sweep import calibrate as run_calibration
+
+    _threads(threads)
+    dtype = _resolve_dtype(dtype)
+    folder = Path(out or f"results/calibration-{drafter}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if records_dir:
+        report = calibrate_records(read_records(records_dir), folder / "calibration.json",
+                                   {"drafter": drafter, "rounds": records_dir})
+    else:
+        spec = SweepSpec(target, (drafter,), ("fixed",), (1,), drafter_options=_parse_options(drafter_opt),
+                         suite=suite, limit=None, max_new_tokens=max_new_tokens, temperature=temperature,
+                         block_size=block_size, seed=seed, dtype=dtype)
+        if source == "slice":
+            prompts = heldout_prompts(suite, heldout, eval_limit, seed)
+            console.print(f"{len(prompts)} held-out prompts (beyond the first {eval_limit} of each dataset)")
+        else:
+            prompts = generated_prompts(heldout, seed, suite, None, seed)
+            console.print(f"{len(prompts)} generated held-out prompts (seed {seed})")
+        report = run_calibration(spec, drafter, _load_target(target, dtype), prompts, folder, concurrency)
+    table = Table(title="STS calibration of prefix survival (ECE 20 bins)")
+    for col in ("k", "n", "T", "ECE before", "ECE after", "AUROC before", "AUROC after", "Brier before", "Brier after"):
+        table.add_column(col, justify="right")
+    for p in report["positions"]:
+        b, a = p["before"], p["after"]
+        table.add_row(str(p["k"]), str(p["n"]), f"{p['temperature']:.3f}", _f(b["ece"], ".3f"), _f(a["ece"], ".3f"),
+                      _f(b["auroc"], ".3f"), _f(a["auroc"], ".3f"), _f(b["brier"], ".3f"), _f(a["brier"], ".3f"))
+    stdout.print(table)
+    stdout.print(f"written to {folder / 'calibration.json'}; use it with --drafter-opt {drafter}.calibration=PATH")
+
+
+@click.command()
+@click.option("--records", "records_dirs", required=True, help="Comma list of run folders with fixed-length rounds.")
+@click.option("--profile", "profile_path", required=True, help="profile.json (SPS table) to replay against.")
+@click.option("--drafter", "drafter_name", default=None,
+              help="Replay this drafter's records (required when the folders hold several drafters).")
+@click.option("--scheduler", "scheduler_list", default="fixed,hardware-aware,async", show_default=True)
+@click.option("--scheduler-opt", multiple=True, help="Scheduler option SCHEDULER.KEY=VALUE (repeatable).")
+@click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", show_default=True)
+@click.option("--layout", default="padded", show_default=True, type=click.Choice(["padded", "packed"]))
+@click.option("--sweep", "sweep_dirs", default=None, help="Comma list of measured sweep folders to validate against; their `none` cells also "
+              "price a vanilla step's own time (scheduling, acceptance, commit).")
+@click.option("--block-size", default=7, show_default=True, type=int)
+@click.option("--calibrate-clock/--no-calibrate-clock", default=True, show_default=True,
+              help="Scale the profile's step times by the records' measured/profiled verify time (summed), "
+                   "vanilla steps by the `none` cells' (--sweep) where there are any.")
+@click.option("--verify-model", default="grid", show_default=True, type=click.Choice(["grid", "sps"]),
+              help="Price a verify of R rows x w tokens from the profile's verify grid, or as 1 / SPS(R w) "
+                   "(the first simulation's model, kept to measure what the grid changes).")
+@click.option("--out", default="simulate.json", show_default=True)
+@_friendly
+def simulate(records_dirs, profile_path, drafter_name, scheduler_list, scheduler_opt, concurrency, layout, sweep_dirs,
+             block_size, calibrate_clock, verify_model, out):
+    """SIMULATED: replay recorded rounds against an SPS table up to high concurrency."""
+    from dspark_bench.scheduling.profile import load_profile
+    from dspark_bench.scheduling.schedulers import parse_scheduler, split_schedulers
+    from dspark_bench.studies import simulate as sim
+
+    records = [r for d in _names(records_dirs) for r in _read_any(d) if r.scheduler == "fixed"]
+    found = sorted({r.drafter for r in records})
+    if drafter_name is None and len(found) > 1:
+        raise ValueError(f"{records_dirs} hold records of several drafters ({', '.join(found)}): choose one with "
+                         "--drafter (a replay mixes no drafters)")
+    if drafter_name is not None:
+        records = [r for r in records if r.drafter == drafter_name]
+    if not records:
+        raise ValueError(f"no fixed-scheduler records{f' of {drafter_name}' if drafter_name else ''} in "
+                         f"{records_dirs} (found: {', '.join(found) or 'none'}): the replay needs full-verification "
+                         "rounds")
+    table, opts = load_profile(profile_path), _parse_options(scheduler_opt)
+    if verify_model == "sps":
+        table = dataclasses.replace(table, verify=None)
+    elif table.verify is None:
+        console.print(f"[yellow]{profile_path} has no verify grid: verifies are priced as 1 / SPS(R w)[/]")
+    vanilla = [r for d in _names(sweep_dirs or "") for c in sorted((Path(d) / "cells").glob("none__*"))
+               for r in sim.read_cell(c)]  # the sweeps' `none` cells price the vanilla steps' own time
+    overhead = sim.fit_overhead(records, vanilla)
+    scale, plain = sim.clock_scales(records, table, layout, vanilla) if calibrate_clock else (1.0, None)
+    cells = [(name, {**opts.get(name, {}), **inline}) for name, inline in map(parse_scheduler,
+                                                                               split_schedulers(scheduler_list))]
+    rows = sim.project(sim.traces_from_records(records), table, cells, _ints(concurrency), layout, overhead,
+                       block_size, scale, records[0].drafter, plain)
+    rows = [{"drafter": records[0].drafter, "label": _label(r), **r} for r in rows]  # one series per variant
+    result = {"simulated": True, "note": sim.__doc__.split("\n\n")[0], "profile": profile_path,
+              "drafter": records[0].drafter, "machine": table.machine, "layout": layout,
+              "overhead": dataclasses.asdict(overhead), "clock_scale": scale, "plain_clock_scale": plain,
+              "verify_model": verify_model,
+              "traces": len(records), "rows": rows}
+    if sweep_dirs:
+        checked = [row for d in _names(sweep_dirs) for row in sim.validate(d, table, layout, block_size)["rows"]]
+        errors = sim.validation_errors(checked)
+        result["validation"] = {"sweeps": list(_names(sweep_dirs)), "rows": checked, **errors,
+                                "verify_model": sim.verify_model_error(records, table, layout)}
+    Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _print_rows([{**r, "drafter": f"{r['drafter']} (simulated)"} for r in rows])
+    if sweep_dirs:
+        _print_validation(checked, errors)
+    stdout.print(f"SIMULATED results written to {out}")
+
+
+def _print_validation(rows: list[dict], errors: dict) -> None:
+    predicted = sum(not r["replays_itself"] for r in rows)
+    both = [errors[k]["aggregate_tokens_per_s"] for k in ("mean_abs_rel_error", "mean_abs_rel_error_predicted")]
+    text = ["-" if e is None else f"{100 * e:.1f}%" for e in both]
+    stdout.print(f"validation, mean absolute relative error of throughput: {text[0]} over {len(rows)} measured "
+                 f"cells, {text[1]} over the {predicted} predicted from another cell's records")
+
+
+def _label(row: dict) -> str:
+    opts = ",".join(f"{k}={v}" for k, v in sorted(row["options"].items()))
+    return row["scheduler"] + (f"[{opts}]" if opts else "")
+
+
+def _read_any(folder: str):
+    """Records of a run folder, or of a sweep cell folder (one run folder per part)."""
+    from dspark_bench.evaluation.runs import RECORDS, read_records
+    from dspark_bench.studies.sweep import read_cell
+
+    return read_records(folder) if (Path(folder) / RECORDS).is_file() else read_cell(folder)

@@ -1,0 +1,93 @@
+"""What an engine yields per request: :class:`RequestRecord`, the one record every consumer shares (metrics,
+reports, gates, the lossless checks), and its dict form for the run folder's ``records.jsonl``. No I/O here."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from dspark_bench.core.rounds import RequestResult
+
+
+class ResultsError(ValueError):
+    """A results folder or file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One drafter x request (x repeat). ``rounds`` rows: [proposed, verified, accepted, committed];
+    ``timings`` rows: [draft_s, verify_s, other_s, head_s, draft_forward_s, sample_s] (the round's times,
+    :mod:`dspark_bench.core.rounds`; records written before these were split hold four columns, the fourth the
+    drafter's whole sequential stage); ``batch`` and ``waiting``: requests in the batch and still queued, per
+    round."""
+
+    drafter: str
+    scheduler: str
+    dataset: str
+    domain: str
+    prompt_id: str
+    index: int
+    repeat: int
+    seed: int
+    concurrency: int
+    status: str
+    finish: str
+    prompt_len: int
+    output_ids: tuple[int, ...]
+    rounds: tuple[tuple[int, int, int, int], ...]
+    timings: tuple[tuple[float, float, float, float], ...]
+    ttft_s: float
+    decode_s: float
+    confidence: tuple[tuple[float, ...], ...] | None = None
+    batch: tuple[int, ...] | None = None
+    error: str | None = None
+    waiting: tuple[int, ...] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def record_from_result(result: RequestResult, drafter: str, scheduler: str, index: int, repeat: int,
+                       concurrency: int) -> RequestRecord:
+    req = result.request
+    rounds = result.rounds
+    has_conf = any(r.confidence is not None for r in rounds)
+    return RequestRecord(
+        drafter=drafter, scheduler=scheduler, dataset=req.dataset, domain=req.domain, prompt_id=req.prompt_id,
+        index=index, repeat=repeat, seed=req.seed, concurrency=concurrency, status=result.status,
+        finish=result.finish, prompt_len=len(req.prompt_ids), output_ids=tuple(result.output_ids),
+        rounds=tuple((r.proposed, r.verified, r.accepted, r.committed) for r in rounds),
+        timings=tuple((r.draft_s, r.verify_s, r.other_s, r.head_s, r.draft_forward_s, r.sample_s) for r in rounds),
+        ttft_s=result.ttft_s, decode_s=result.decode_s,
+        confidence=tuple(tuple(r.confidence or ()) for r in rounds) if has_conf else None,
+        batch=tuple(r.batch for r in rounds), error=result.error, waiting=tuple(r.waiting for r in rounds),
+    )
+
+
+def record_to_dict(rec: RequestRecord) -> dict[str, Any]:
+    return dataclasses.asdict(rec)
+
+
+def record_from_dict(data: dict[str, Any]) -> RequestRecord:
+    names = {f.name for f in dataclasses.fields(RequestRecord)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ResultsError(f"record has unknown keys {unknown}; known: {sorted(names)}")
+    fixed = dict(data)
+    for key in ("output_ids", "batch", "waiting"):
+        if fixed.get(key) is not None:
+            fixed[key] = tuple(fixed[key])
+    for key in ("rounds", "timings", "confidence"):
+        if fixed.get(key) is not None:
+            fixed[key] = tuple(tuple(row) for row in fixed[key])
+    try:
+        return RequestRecord(**fixed)
+    except TypeError as exc:
+        raise ResultsError(f"malformed record: {exc}") from None
+
+
+def record_key(rec: RequestRecord) -> tuple[str, str, str, int]:
+    """What identifies a record within one run: (drafter, dataset, prompt id, repeat)."""
+    return rec.drafter, rec.dataset, rec.prompt_id, rec.repeat

@@ -1,0 +1,43 @@
+"""vLLM's offline ``LLM`` API behind the engine interface (``run --engine vllm``): the same suites, seeds, records
+and summary, decoded by vLLM (:mod:`.run`), with our shipped Eagle3 exported to vLLM's layout when asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dspark_bench.core.records import RequestRecord
+from dspark_bench.engines.base import Engine, RunSpec, register_engine
+from dspark_bench.engines.native.loop import EngineConfig
+from dspark_bench.engines.vllm.export import with_shipped_exports
+from dspark_bench.engines.vllm.llm import METHODS, VllmError, parse_engine_options
+from dspark_bench.engines.vllm.run import VllmRun, check_spec
+from dspark_bench.evaluation.suites import Prompt
+
+DEFAULT_DRAFTERS = ("none", "ngram")
+
+
+@register_engine
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def default_drafters(self, target: str) -> tuple[str, ...]:
+        return DEFAULT_DRAFTERS
+
+    def prepare(self, spec: RunSpec, folder: Path, say: Callable[[str], None]) -> RunSpec:
+        if self.options.workers > 1 or self.options.ray_address:
+            raise VllmError("--workers shards our engine; vLLM scales with --engine-opt data_parallel_size=N (or "
+                            "tensor_parallel_size=N)")
+        unknown = [n for n in spec.drafters if n not in METHODS]
+        if unknown:
+            raise VllmError(f"--engine vllm has no method {', '.join(unknown)}; methods: {', '.join(METHODS)}")
+        check_spec(spec)
+        parse_engine_options(self.options.options)  # bad --engine-opt items fail before vLLM starts
+        EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)  # validates early
+        return with_shipped_exports(spec, folder, self.options.cache_dir, say)
+
+    def run(self, spec: RunSpec, prompts: Sequence[Prompt], folder: Path,
+            on_record: Callable[[RequestRecord], None], say: Callable[[str], None]) -> dict:
+        run = VllmRun(spec, prompts, folder, parse_engine_options(self.options.options), self.options.cache_dir,
+                      on_record=on_record, on_status=say)
+        return run.execute()

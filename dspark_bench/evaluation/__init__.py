@@ -1,0 +1,1 @@
+"""Suites, request records and run folders, metrics, and the regression gate."""

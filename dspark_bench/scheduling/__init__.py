@@ -1,0 +1,1 @@
+"""Confidence-scheduled verification: decisions only (schedulers, calibration, engine profiles)."""

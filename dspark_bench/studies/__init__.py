@@ -1,0 +1,1 @@
+"""Experiments behind the README's numbers: benchmark, sweeps, simulation, profiles, comparisons, claims."""

@@ -1,0 +1,136 @@
+"""The vLLM engine's pure parts (no vLLM needed): method mapping, option routing, rounds from vLLM's metrics,
+records that the summary reads like ours. The real vLLM runs are in ``test_vllm_integration.py``."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from dspark_bench.engines.vllm.llm import (
+    VllmError,
+    VllmRequest,
+    counter_delta,
+    counter_values,
+    finish_of,
+    parse_engine_options,
+    record_of,
+    rounds_from_counters,
+    rounds_from_steps,
+    speculative_config,
+    split_engine_options,
+)
+from dspark_bench.evaluation.metrics import count_rounds, summarize
+
+
+def test_drafters_map_to_vllm_methods():
+    assert speculative_config("none", 5) is None
+    assert speculative_config("ngram", 5) == {"method": "ngram", "num_speculative_tokens": 5,
+                                              "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    assert speculative_config("ngram", 4, {"max_ngram": "5", "min_ngram": "2"}, {"enable_adaptive_verification": True}) \
+        == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, "prompt_lookup_min": 2,
+            "enable_adaptive_verification": True}
+    assert speculative_config("eagle3", 3, {"model": "/x/e3"})["model"] == "/x/e3"
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "dflash", "dspark", "draft_model"])
+def test_model_methods_without_a_checkpoint_say_what_vllm_supports(drafter):
+    with pytest.raises(VllmError, match=rf"{drafter}.model=PATH.*{drafter} proposers for"):
+        speculative_config(drafter, 3)
+
+
+def test_unknown_methods_and_options_are_errors():
+    with pytest.raises(VllmError, match="methods: none, ngram"):
+        speculative_config("blockdraft", 3)
+    with pytest.raises(VllmError, match="ngram.window"):
+        speculative_config("ngram", 3, {"window": "2"})
+
+
+def test_engine_options_parse_json_and_route_to_their_config():
+    opts = parse_engine_options(["tensor_parallel_size=2", "enable_adaptive_verification=true", "name=abc",
+                                 "speculative.draft_tensor_parallel_size=1"])
+    assert opts == {"tensor_parallel_size": 2, "enable_adaptive_verification": True, "name": "abc",
+                    "speculative.draft_tensor_parallel_size": 1}
+    llm, spec = split_engine_options({k: v for k, v in opts.items() if k != "name"}, {"tensor_parallel_size"},
+                                     {"enable_adaptive_verification"})
+    assert llm == {"tensor_parallel_size": 2}
+    assert spec == {"enable_adaptive_verification": True, "draft_tensor_parallel_size": 1}
+    with pytest.raises(VllmError, match="not an argument of vllm.EngineArgs"):
+        split_engine_options({"name": "abc"}, {"model"}, set())
+    with pytest.raises(VllmError, match="KEY=VALUE"):
+        parse_engine_options(["tensor_parallel_size"])
+
+
+def test_rounds_from_steps_fill_undrafted_steps_and_cut_the_stop():
+    # 10 tokens: 1 from prefill, drafted steps commit 3 + 1 + 2, so 3 decode steps had no draft
+    assert rounds_from_steps([3, 3, 2], [2, 0, 1], 10) == ((3, 3, 2, 3), (3, 3, 0, 1), (2, 2, 1, 2),
+                                                            (0, 0, 0, 1), (0, 0, 0, 1), (0, 0, 0, 1))
+    # the last step accepted 3 but max_tokens (or EOS) kept only 2 of its 4 tokens
+    assert rounds_from_steps([3, 3], [3, 3], 7) == ((3, 3, 3, 4), (3, 3, 3, 2))
+    assert rounds_from_steps([], [], 5) == ((0, 0, 0, 1),) * 4
+    with pytest.raises(VllmError, match="more than"):
+        rounds_from_steps([3], [3], 1)
+
+
+def test_rounds_from_counters_rebuild_the_histogram():
+    # 4 drafts of 9 tokens: accepted 0, 1, 2, 2 (at least 1: 3, at least 2: 2, at least 3: 0)
+    delta = {"num_drafts": 4, "num_draft_tokens": 9, "num_accepted_tokens": 5, "accepted_per_pos": [3, 2, 0]}
+    rounds = rounds_from_counters(delta, 1 + 9 + 1)
+    c = count_rounds(rounds, 3)
+    # our histogram counts every round: the one undrafted decode step is a round that accepted 0
+    assert c.histogram == (2, 1, 2, 0) and c.accepted == 5 and c.proposed == 9
+    assert c.accepted_at == (3, 2, 0) and c.committed == 10 and c.rounds == 5
+
+
+def _metric(name, value=None, values=None):
+    return SimpleNamespace(name=name, value=value, values=values)
+
+
+def test_counters_sum_over_engines_and_difference():
+    before = counter_values([_metric("vllm:spec_decode_num_drafts", 2), _metric("vllm:spec_decode_num_drafts", 1),
+                             _metric("vllm:spec_decode_num_draft_tokens", 6),
+                             _metric("vllm:spec_decode_num_accepted_tokens", 2),
+                             _metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=[2, 0, 0]),
+                             _metric("vllm:num_requests_running", 3)])
+    after = {**before, "num_drafts": 7, "num_draft_tokens": 18, "accepted_per_pos": [5, 1, 0]}
+    assert before["num_drafts"] == 3
+    assert counter_delta(before, after) == {"num_drafts": 4, "num_draft_tokens": 12, "num_accepted_tokens": 0,
+                                            "accepted_per_pos": [3, 1, 0]}
+
+
+def _output(tokens, reason, first=10.0, last=12.0, ttft=0.5, scheduled=0.0):
+    stats = SimpleNamespace(first_token_ts=first, last_token_ts=last, first_token_latency=ttft, scheduled_ts=scheduled)
+    return SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, finish_reason=reason)], metrics=stats)
+
+
+def test_records_summarize_like_our_engine():
+    req = VllmRequest((1, 2, 3), 980406, "gsm8k", "math", "gsm8k-0001", 0)
+    none = record_of(req, "none", 0, 1, _output([5] * 9, "length"), rounds_from_steps([], [], 9))
+    ngram = record_of(req, "ngram", 0, 1, _output([5] * 9, "stop", last=11.0),
+                      rounds_from_steps([3, 3], [3, 1], 9))
+    assert ngram.finish == "eos" and none.finish == "length" and ngram.decode_s == 1.0 and ngram.ttft_s == 0.5
+    summary = summarize([none, ngram], 3)
+    by = {g["drafter"]: g for g in summary["groups"] if g["scope"] == "all"}
+    assert by["none"]["tau"] == 1.0
+    assert by["ngram"]["tau"] == pytest.approx(8 / 4)  # rounds (3,3,3,4) (3,3,1,2) + two undrafted
+    assert by["ngram"]["speedup_vs_none"] == pytest.approx(2.0)  # 8 tokens in 1 s vs 2 s
+    assert by["ngram"]["histogram"] == [2, 1, 0, 1]
+    assert finish_of(None) == "error"
+
+
+def test_ttft_counts_from_admission_not_from_arrival():
+    """Queued behind max_num_seqs from 2.0 to 9.6, scheduled at 9.6, first token at 10.0: TTFT 0.4, as our engine
+    counts it; without a scheduled timestamp, vLLM's own first_token_latency."""
+    req = VllmRequest((1, 2, 3), 980406, "gsm8k", "math", "gsm8k-0001", 0)
+    held = record_of(req, "none", 0, 4, _output([5] * 3, "length", ttft=8.0, scheduled=9.6), rounds_from_steps([], [], 3))
+    assert held.ttft_s == pytest.approx(0.4)
+    assert record_of(req, "none", 0, 4, _output([5] * 3, "length", ttft=8.0), rounds_from_steps([], [], 3)).ttft_s == 8.0
+
+
+def test_requests_go_in_one_call_when_vllm_holds_the_concurrency():
+    from dspark_bench.engines.vllm.run import groups
+
+    reqs = [VllmRequest((i,), i, "d", "math", f"p{i}", i) for i in range(5)]
+    assert groups(reqs, 2, hold=True) == [reqs]
+    assert groups(reqs, 2, hold=False) == [reqs[0:2], reqs[2:4], reqs[4:5]]
+    assert groups([], 2, hold=True) == []

@@ -1,0 +1,52 @@
+"""The vLLM fixes' pure parts (no vLLM needed): the expand contract, the option, the plugin's transport.
+Against the installed CPU build (probe and the fix in vLLM's own registration): tests/engines/test_vllm_integration.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_bench.engines.vllm import fixes as vllm_fixes
+from dspark_bench.engines.vllm.fixes import ENV, FixError, expand_tokens, split_fixes, warnings_for
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+def test_expand_tokens_writes_each_request_value_over_its_tokens(dtype):
+    values, cu = torch.tensor([5, 0, 7, 2], dtype=dtype), torch.tensor([2, 2, 5, 6], dtype=torch.int32)
+    out = torch.full((6,), -1, dtype=dtype)
+    expand_tokens(out, values, cu, 0, 1)  # request 1 has no token; 0 is read as 1 (vLLM's greedy temperature)
+    assert out.tolist() == [5, 5, 7, 7, 7, 2]
+    assert out.dtype == dtype
+
+
+def test_expand_tokens_leaves_slots_past_the_last_request():
+    out = torch.full((4,), -3.0)
+    expand_tokens(out, torch.tensor([0.5]), torch.tensor([2]), 0, 1)
+    assert out.tolist() == [0.5, 0.5, -3.0, -3.0]
+
+
+def test_fix_option_is_split_from_engine_options_and_checked():
+    assert split_fixes({"fix": "cpu-expand", "max_num_seqs": 4}) == (("cpu-expand",), {"max_num_seqs": 4})
+    assert split_fixes({"max_num_seqs": 4}) == ((), {"max_num_seqs": 4})
+    with pytest.raises(FixError, match="unknown fix cpu-expnd; known: cpu-expand"):
+        split_fixes({"fix": "cpu-expnd"})
+
+
+def test_plugin_applies_only_the_fixes_named_in_its_environment(monkeypatch):
+    applied = []
+    monkeypatch.setattr(vllm_fixes, "FIXES", {"a": vllm_fixes.Fix("a", "x", lambda: True, lambda: applied.append("a")),
+                                              "b": vllm_fixes.Fix("b", "y", lambda: True, lambda: applied.append("b"))})
+    monkeypatch.delenv(ENV, raising=False)
+    vllm_fixes.plugin()
+    assert applied == []
+    monkeypatch.setenv(ENV, "b")
+    vllm_fixes.plugin()
+    assert applied == ["b"]
+
+
+def test_warnings_name_only_present_unfixed_bugs_of_speculative_sampled_runs():
+    report = {"cpu-expand": {"present": True, "affects": "spec", "fixed": False},
+              "other": {"present": False, "affects": "z", "fixed": False}}
+    assert len(warnings_for(report, True)) == 1 and "cpu-expand" in warnings_for(report, True)[0]
+    assert warnings_for(report, False) == []
+    assert warnings_for({"cpu-expand": {**report["cpu-expand"], "fixed": True}}, True) == []
