@@ -25,7 +25,7 @@ fi
 
 # 3. Same sequences, order, steps (480 x 4 sequences = 1,920, ~3.8 epochs) and scored predictions per sequence.
 S=(--data "$D" --steps 480 --batch-size 4 --micro-batch 4 --seed 42 --save-every 40 --dtype bf16 --threads 1
-   --num-anchors 32 --resume)
+   --num-anchors 32 --resume-if-any)
 train() {  # train NAME METHOD [OPTIONS]: one run folder per name
   local name=$1 method=$2; shift 2
   $BIN/dspark-bench train --method "$method" --out "$R/$name" "${S[@]}" "$@" > "$R/$name.log" 2>&1

@@ -86,7 +86,7 @@ $BIN/dspark-bench data features --data "$D" --out "$F" --dtype fp32 --threads 2
 
 # 3. Same sequences, order, steps and scored predictions for every method; two lanes of one thread each.
 S=(--data "$D" --features "$F" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed "${SEED:-42}" --save-every 200
-   --dtype fp32 --threads 1 --num-anchors 32 --draft-vocab "$VOCAB" --resume --lr "${LR:-6e-4}")
+   --dtype fp32 --threads 1 --num-anchors 32 --draft-vocab "$VOCAB" --resume-if-any --lr "${LR:-6e-4}")
 if [ -n "${HELDOUT:-}" ]; then
   S+=(--heldout "$HELDOUT" --heldout-n 128 --heldout-every "${HELDOUT_EVERY:-400}")
   for x in data/smollm2/train-6k data/smollm2/train-6k-t1; do

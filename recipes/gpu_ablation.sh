@@ -35,7 +35,7 @@ T0=$(date +%s)
 mkdir -p "$OUT/train" "$OUT/eval" "$OUT/logs"
 CLI=("$PY" -m dspark_bench.cli.main)
 TRAIN=(--data "$DATA" --steps "$STEPS" --batch-size 4 --micro-batch 4 --seed 42 --num-anchors 32 --decay-gamma 4
-       --save-every "$STEPS" --dtype bf16 --features online --resume)
+       --save-every "$STEPS" --dtype bf16 --features online --resume-if-any)
 PROTOCOL=(--suite all --max-new-tokens "$MAXNEW" --temperature 1.0 --scheduler fixed --concurrency "$CONC")
 
 chain() {  # chain NAME METHOD G OPTIONS...: train, then evaluate at block size G

@@ -41,7 +41,7 @@ T0=$(date +%s)
 mkdir -p "$OUT/runs" "$OUT/logs"
 "$PY" -c "import torch; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 S=(--batch-size "$BATCH" --micro-batch "$MICRO" --seed "$SEED" --num-anchors "$ANCHORS" --draft-vocab "$VOCAB"
-   --save-every "$SAVE_EVERY" --features online --device "$DEVICE" --resume)
+   --save-every "$SAVE_EVERY" --features online --device "$DEVICE" --resume-if-any)
 chain() {  # chain METHOD: run 1, then run 2 from its final weights
   local m=$1
   # shellcheck disable=SC2046 # opts prints the method's options, split on purpose

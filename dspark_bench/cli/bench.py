@@ -10,6 +10,7 @@ from rich.table import Table
 
 from dspark_bench.cli.common import DTYPE_OPTION, console, fmt, friendly, parse_limit, parse_options, stdout
 from dspark_bench.cli.lossless import engine_facts, lossless_options
+from dspark_bench.cli.run import check_out_folder
 
 
 @click.command()
@@ -37,11 +38,14 @@ def bench(target, suite, limit, max_new_tokens, temperature, repeats, block_size
 
     import torch
 
+    from dspark_bench.engines.native.loop import EngineConfig
     from dspark_bench.engines.native.runner import build_requests
     from dspark_bench.evaluation.suites import load_suite
     from dspark_bench.studies.bench import BENCH_JSON, BenchSpec, run_bench
     from dspark_bench.target.model import Target, resolve_dtype
 
+    check_out_folder(out)
+    EngineConfig(max_new_tokens, temperature, block_size)  # NaN or infinite temperatures, before any model loads
     try:
         levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
     except ValueError:
@@ -116,6 +120,7 @@ def compare_engines(target, drafter_list, suite, limit, max_new_tokens, temperat
     """The same prompts and seeds through our engine and vLLM; tau, per-position acceptance and lossless verdicts
     side by side in OUT/compare.md."""
     from dspark_bench.engines.base import RunSpec
+    from dspark_bench.engines.native.loop import EngineConfig
     from dspark_bench.engines.native.runner import Run
     from dspark_bench.engines.vllm.export import with_shipped_exports
     from dspark_bench.engines.vllm.llm import CHECKPOINT_METHODS, METHODS, parse_engine_options, require_vllm
@@ -124,6 +129,8 @@ def compare_engines(target, drafter_list, suite, limit, max_new_tokens, temperat
     from dspark_bench.studies.compare import write_comparison
     from dspark_bench.target.model import Target, resolve_dtype
 
+    check_out_folder(out)
+    EngineConfig(max_new_tokens, temperature, block_size, concurrency)  # before any model loads
     require_vllm()
     dtype = resolve_dtype(dtype)
     names = tuple(d.strip() for d in drafter_list.split(",") if d.strip())

@@ -42,13 +42,17 @@ def friendly(fn):
 
 class OneLineErrors(click.Group):
     """A group whose option-parsing errors (a bad --limit type, a missing argument) are one line and exit 2, as
-    the commands' own checks are (:func:`friendly`), instead of click's usage block."""
+    the commands' own checks are (:func:`friendly`), instead of click's usage block. A group called with nothing
+    at all (``dspark-bench``, ``dspark-bench data``) prints its help and exits 0, as ``--help`` does."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:  # not a usage error: a request for the help
+            click.echo(exc.ctx.get_help())
+            sys.exit(0)
         except click.UsageError as exc:
             name = exc.ctx.command_path if exc.ctx is not None else "dspark-bench"
             bad_input(f"{exc.format_message()} (see {name} --help)")

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from dspark_bench.cli.common import friendly, stdout
+from dspark_bench.cli.run import check_out_folder
 
 
 @click.command(name="export")
@@ -24,6 +25,7 @@ def export(fmt, drafter, target, source, out):
     from dspark_bench.engines.vllm.export import export_vllm
     from dspark_bench.target.model import resolve_target
 
+    check_out_folder(out)
     source = source or shipped_folder(Path(target).name, drafter)
     if source is None:
         raise click.BadParameter(f"no shipped {drafter} checkpoint for {target}: give --checkpoint")

@@ -10,6 +10,7 @@ import click
 from rich.markup import escape
 
 from dspark_bench.cli.common import battery_table, console, friendly, stdout
+from dspark_bench.cli.run import check_out_folder
 
 
 @click.command(name="check-lossless")
@@ -35,6 +36,8 @@ def check_lossless(target, drafter_list, scheduler_list, mode, seed, out, engine
         if scheduler_list:
             raise click.BadParameter("--scheduler is ours: vLLM verifies every drafted token")
         return check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt)
+    folder = out or Path(f"results/lossless-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_out_folder(folder)  # before the battery: its results must have somewhere to go
 
     from dspark_bench.lossless import report_to_json, run_battery
     from dspark_bench.scheduling.schedulers import split_schedulers
@@ -47,7 +50,6 @@ def check_lossless(target, drafter_list, scheduler_list, mode, seed, out, engine
                          seed=seed, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
     stdout.print(battery_table(report, f"lossless battery ({mode}, {target}): real configurations must pass, "
                                        "controls must fail"))
-    folder = out or Path(f"results/lossless-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "lossless.json").write_text(json.dumps(report_to_json(report), indent=2) + "\n")
     verdict = "[green]ok[/]" if report.ok else "[bold red]FAILED[/] (a real configuration failed or a control passed)"
@@ -89,13 +91,14 @@ def check_lossless_vllm(target, drafter_list, mode, seed, out, engine_opt) -> No
     from dspark_bench.lossless.vllm import run_vllm_battery
     from dspark_bench.target.model import resolve_target
 
+    folder = Path(out) if out else Path(f"results/lossless-vllm-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_out_folder(folder)
     require_vllm()
     names = [d.strip() for d in (drafter_list or "none,ngram").split(",") if d.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise VllmError(f"--engine vllm has no method {', '.join(unknown)}; methods: {', '.join(METHODS)}")
     fixes, llm_opts = lossless_options(engine_opt, "check-lossless --engine vllm")
-    folder = Path(out) if out else Path(f"results/lossless-vllm-{time.strftime('%Y%m%d-%H%M%S')}")
     exports = with_shipped_exports(RunSpec(target=target, drafters=tuple(names)), folder, say=console.print).drafter_options
     report, evidence = run_vllm_battery(mode, target, names, seed, resolve_target(target), llm_opts,
                                         progress=lambda msg: console.print(f"[dim]{msg}[/]"), drafter_options=exports,

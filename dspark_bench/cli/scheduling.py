@@ -8,9 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import click
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dspark_bench.cli.common import DTYPE_OPTION, console, stdout
@@ -118,15 +121,32 @@ def measure_full_profile(tgt, max_batch_tokens: int, contexts: tuple[int, ...], 
         raise click.BadParameter(f"--drafter-opt names {', '.join(unknown)}, not in --drafter "
                                  f"({', '.join(drafter_names) or 'none given'})")
     grid = sorted({b for b in DEFAULT_BATCH_TOKENS if b <= max_batch_tokens} | {max_batch_tokens})
-    result = measure_profile(tgt, grid, contexts, width, repeats)
+    with _stage(f"steps/s of the target: {len(grid)} batch sizes x {len(contexts)} contexts, {repeats} repeats"):
+        result = measure_profile(tgt, grid, contexts, width, repeats)
     if rows:
         widths = tuple(range(1, width + 1))
-        result = dataclasses.replace(result, verify=measure_verify_grid(tgt, rows, widths, contexts, repeats))
+        with _stage(f"verify grid: {len(rows)} row counts x {width} widths x {len(contexts)} contexts, "
+                    f"{repeats} repeats"):
+            result = dataclasses.replace(result, verify=measure_verify_grid(tgt, rows, widths, contexts, repeats))
     if drafter_names:
         made = {n: registry.create(n, tgt, drafter_options.get(n)) for n in drafter_names}
-        draft, overhead = measure_round_costs(tgt, made, rows or DEFAULT_ROWS, block_size, min(contexts))
+        with _stage(f"round costs of {', '.join(drafter_names)} and the engine: {len(rows or DEFAULT_ROWS)} row "
+                    "counts"):
+            draft, overhead = measure_round_costs(tgt, made, rows or DEFAULT_ROWS, block_size, min(contexts))
         result = dataclasses.replace(result, draft=draft, overhead=overhead, block_size=block_size)
     return result
+
+
+@contextmanager
+def _stage(what: str) -> Iterator[None]:
+    """A line before a long measurement, an elapsed-time clock while it runs (on a terminal), its time after."""
+    console.print(f"measuring {what} ...")
+    start = time.perf_counter()
+    clock = Progress(SpinnerColumn(), TextColumn("measuring"), TimeElapsedColumn(), console=console, transient=True)
+    with clock if console.is_terminal else nullcontext():  # a log gets the two lines only
+        clock.add_task("", total=None)
+        yield
+    console.print(f"  done in {time.perf_counter() - start:.1f} s")
 
 
 def _print_profile(result) -> None:
@@ -197,17 +217,31 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
                      suite=suite, limit=_parse_limit(limit), max_new_tokens=max_new_tokens, temperature=temperature,
                      block_size=block_size, seed=seed, dtype=dtype)
     folder = Path(out or f"results/sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    prompts = load_suite(suite, spec.limit, seed)
+    _say_skipped(spec)
     tgt = _load_target(target, dtype)
     if profile_path is None:
-        console.print("measuring the engine profile (pass --profile to reuse one) ...")
         profile_path = str(folder / "profile.json")
+        console.print(f"no --profile given: measuring the engine profile into {profile_path} first, in three "
+                      "stages (pass --profile PATH to reuse one)")
+        start = time.perf_counter()
         save_profile(measure_full_profile(tgt, 128, (128, 512), block_size + 1, 5, (1, 2, 4, 8, 16, 32, 64),
                                           spec.drafters, {k: v for k, v in spec.drafter_options.items()
                                                           if k in spec.drafters}, block_size), profile_path)
-    prompts = load_suite(suite, spec.limit, seed)
+        console.print(f"engine profile measured in {time.perf_counter() - start:.0f} s")
     result = run_sweep(spec, tgt, prompts, folder, profile_path, on_cell=_print_cell)
     _print_rows(result["rows"])
     stdout.print(f"written to {folder / 'sweep.json'}")
+
+
+def _say_skipped(spec) -> None:
+    """Name the --baseline drafters the sweep leaves out for want of weights."""
+    from dspark_bench.studies.sweep import usable
+
+    for name in spec.baselines:
+        if name not in spec.drafters and not usable(name, spec):
+            console.print(f"[yellow]note:[/] baseline {name} is left out: no checkpoint for {spec.target} (give one "
+                          f"with --drafter-opt {name}.checkpoint=FOLDER)")
 
 
 def _print_cell(row: dict) -> None:

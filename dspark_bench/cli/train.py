@@ -137,7 +137,8 @@ def generate(target, n, seed, out, batch_size, shard_size, max_new_tokens, tempe
 @data.command()
 @click.option("--data", "data_dir", required=True, help="Data folder from `data generate` (read only; a folder still "
               "being generated is read up to its last complete shard).")
-@click.option("--size", default=8192, show_default=True, type=int, help="N, the draft vocabulary size.")
+@click.option("--size", default=8192, show_default=True, type=click.IntRange(min=1),
+              help="N, the draft vocabulary size.")
 @click.option("--out", default=None, help="Write the list here (JSON), for --drafter-opt NAME.draft_vocab=FILE.")
 @click.option("--coverage", "sizes", default="4096,8192,16384,32768", show_default=True,
               help="Also report the share of response tokens covered by the top N for these N.")
@@ -149,13 +150,14 @@ def vocab(data_dir, size, out, sizes, max_length, target):
     from dspark_bench.drafters import vocab as dv
     from dspark_bench.train.data import complete_sequences
 
+    sizes = _positive_ints(sizes, "--coverage")
     seqs, rows = complete_sequences(data_dir, max_length)
     tgt = _load_target(target or _data_target(data_dir), "fp32", _device("cpu"))  # only its vocabulary is read
     counts = dv.token_counts(dv.response_tokens(seqs), tgt.vocab_size)
     special = dv.special_ids(tgt)
     stdout.print(f"{len(seqs)} sequences from {rows} rows of complete shards, {int(counts.sum())} response tokens, "
                  f"{int((counts > 0).sum())} distinct; {len(special)} always-kept special ids")
-    for n in sorted({int(s) for s in sizes.split(",") if s.strip()} | {size}):
+    for n in sorted({*sizes, size}):
         if len(special) <= n <= tgt.vocab_size:
             stdout.print(f"  top {n:>6}: covers {dv.coverage(counts, dv.build_vocab(counts, n, special)):.4%}")
     if out:
@@ -163,6 +165,17 @@ def vocab(data_dir, size, out, sizes, max_length, target):
         info = {"data": str(data_dir), "data_manifest_sha256": _manifest_hash(data_dir), "rows": rows,
                 "sequences": len(seqs), "target": tgt.name, "coverage": dv.coverage(counts, ids)}
         stdout.print(f"draft vocabulary of {size} ids written to [bold]{dv.write_vocab(out, ids, info)}[/]")
+
+
+def _positive_ints(value: str, option: str) -> tuple[int, ...]:
+    """A comma list of positive integers (empty: none)."""
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        out = (0,)
+    if out and min(out) < 1:
+        raise click.UsageError(f"{option} {value!r}: expected a comma list of positive integers, e.g. 4096,8192")
+    return out
 
 
 def _taps_option(value: str | None) -> tuple[int, ...] | None:
@@ -340,7 +353,11 @@ def _heldout(folder: str, n: int, max_length: int, exclude: tuple[str, ...], tgt
 @click.option("--save-every", default=500, show_default=True, type=int)
 @click.option("--max-length", default=2048, show_default=True, type=int)
 @click.option("--target", default=None, help="Default: the target that generated the data.")
-@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --out.")
+@click.option("--resume", "resume", flag_value="yes",
+              help="Continue from the last checkpoint in --out (refused when there is none).")
+@click.option("--resume-if-any", "resume", flag_value="if-any",
+              help="Continue from the last checkpoint in --out if there is one, else start a fresh run there (for "
+                   "scripts that are rerun until done).")
 @click.option("--heldout", "heldout_dir", default=None, metavar="DATA",
               help="Score the drafter on sequences of this data folder (`data generate`, e.g. another seed) every "
                    "--heldout-every steps: exact teacher-forced acceptance, logged as `heldout` (see `data score`).")
@@ -363,10 +380,13 @@ def train(method, data_dir, out, feature_mode, steps, batch_size, micro_batch, l
     from dspark_bench.train.data import load_sequences
     from dspark_bench.train.methods import MethodOptions
     from dspark_bench.train.methods import method as get_method
-    from dspark_bench.train.trainer import TrainConfig, init_source
+    from dspark_bench.train.trainer import RESUME_IF_ANY, TrainConfig, init_source, resume_point
     from dspark_bench.train.trainer import train as run_training
 
     start = init_source(init_from) if init_from else None  # a bad folder fails before the target loads
+    if resume == "yes":
+        console.print(f"resuming from [bold]{resume_point(out)}[/]")  # nothing to resume fails here
+    resume = True if resume == "yes" else RESUME_IF_ANY if resume == "if-any" else False
     m, dev = get_method(method), _device(device, threads)
     options = MethodOptions(num_layers, markov_rank, block_size, num_anchors, decay_gamma, ttt_length, seed,
                             _taps_option(taps), markov_head, draft_vocab)

@@ -20,7 +20,13 @@ class RequestRecord:
     ``timings`` rows: [draft_s, verify_s, other_s, head_s, draft_forward_s, sample_s] (the round's times,
     :mod:`dspark_bench.core.rounds`; records written before these were split hold four columns, the fourth the
     drafter's whole sequential stage); ``batch`` and ``waiting``: requests in the batch and still queued, per
-    round."""
+    round.
+
+    Serving fields (None where the run had no arrival schedule and no streaming client): ``arrival_s``, when the
+    request arrived, in seconds from the run's first arrival; ``queue_s``, arrival to admission (the engine took
+    it in); ``itl_s``, the gaps between successive deliveries of output tokens after the first (a delivery may
+    carry several tokens: a round's, or a streamed chunk's); ``e2el_s``, arrival to the last token. ``ttft_s``
+    stays admission to the first token, so TTFT as a client sees it is ``queue_s + ttft_s``."""
 
     drafter: str
     scheduler: str
@@ -43,6 +49,10 @@ class RequestRecord:
     batch: tuple[int, ...] | None = None
     error: str | None = None
     waiting: tuple[int, ...] | None = None
+    arrival_s: float | None = None
+    queue_s: float | None = None
+    itl_s: tuple[float, ...] | None = None
+    e2el_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -66,8 +76,13 @@ def record_from_result(result: RequestResult, drafter: str, scheduler: str, inde
     )
 
 
+SERVING_FIELDS = ("arrival_s", "queue_s", "itl_s", "e2el_s")
+
+
 def record_to_dict(rec: RequestRecord) -> dict[str, Any]:
-    return dataclasses.asdict(rec)
+    """The record as ``records.jsonl`` holds it; serving fields appear only when set (a closed-loop run's records
+    read as they did before those fields existed)."""
+    return {k: v for k, v in dataclasses.asdict(rec).items() if v is not None or k not in SERVING_FIELDS}
 
 
 def record_from_dict(data: dict[str, Any]) -> RequestRecord:
@@ -76,7 +91,7 @@ def record_from_dict(data: dict[str, Any]) -> RequestRecord:
     if unknown:
         raise ResultsError(f"record has unknown keys {unknown}; known: {sorted(names)}")
     fixed = dict(data)
-    for key in ("output_ids", "batch", "waiting"):
+    for key in ("output_ids", "batch", "waiting", "itl_s"):
         if fixed.get(key) is not None:
             fixed[key] = tuple(fixed[key])
     for key in ("rounds", "timings", "confidence"):

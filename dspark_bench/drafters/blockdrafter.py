@@ -254,6 +254,8 @@ def load_ours(path: Path, target: Target, method: str) -> tuple[Arch, dict[str, 
     if meta.get("method") != method:
         raise checkpoint.CheckpointError(f"{path} holds a {meta.get('method')!r} drafter, not {method!r}")
     checkpoint.check_target(meta, target)
+    if not isinstance(meta.get("config"), dict):
+        raise checkpoint.CheckpointError(f"{path / 'config.json'} has no 'config' object (the drafter's architecture)")
     return Arch.from_dict(meta["config"]), state
 
 

@@ -32,11 +32,14 @@ def shipped_folder(target_name: str, method: str, root: Path | None = None) -> P
 
 def trained_proposal_length(folder: str | Path) -> int | None:
     """How many draft tokens the checkpoint in ``folder`` was trained to propose: its block size (DSpark,
-    DFlash) or TTT length (DeepSpec Eagle3); None when its config.json does not say (MTP, our Eagle3)."""
+    DFlash) or TTT length (DeepSpec Eagle3); None when its config.json does not say (MTP, our Eagle3). This is
+    the first read of a checkpoint a run makes, before the target loads, so it checks the weight files too
+    (:func:`check_weight_files`): a damaged checkpoint fails here, not after the model has loaded."""
     file = Path(folder) / "config.json"
+    check_weight_files(folder)
     if not file.is_file():
         return None
-    meta = json.loads(file.read_text())
+    meta = read_json(file)
     if "architectures" in meta:  # DeepSpec's format: the draft keys sit beside the target's config
         value = meta.get("block_size", meta.get("ttt_length"))
     else:
@@ -63,6 +66,52 @@ def local_checkpoint(spec: str | None, target_name: str, method: str) -> Path | 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, malformed, or does not fit the target."""
+
+
+def read_json(file: str | Path) -> dict[str, Any]:
+    """A checkpoint's JSON file (``config.json``, a shard index) as a dict; a file that is not a UTF-8 JSON
+    object raises :class:`CheckpointError` naming it."""
+    accepted = f"a checkpoint's {Path(file).name} holds one JSON object"
+    try:
+        data = json.loads(Path(file).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{file} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                              f"{accepted}") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{file} is not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}); "
+                              f"{accepted}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} holds a JSON {type(data).__name__}; {accepted}")
+    return data
+
+
+def _unreadable(file: str | Path, exc: Exception) -> CheckpointError:
+    return CheckpointError(f"{file} is not a readable safetensors file (truncated, or not safetensors: {exc}); a "
+                           "checkpoint's weights are complete safetensors files: copy or download it again")
+
+
+def read_tensors(file: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one safetensors file; a damaged file raises :class:`CheckpointError` naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except SafetensorError as exc:
+        raise _unreadable(file, exc) from None
+
+
+def check_weight_files(folder: str | Path) -> None:
+    """Read the header of every ``*.safetensors`` file in ``folder`` (milliseconds: no tensor is read), which is
+    enough to find a truncated file or one that is not safetensors."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except SafetensorError as exc:
+            raise _unreadable(file, exc) from None
 
 
 @dataclass(frozen=True)
@@ -102,13 +151,10 @@ def save(folder: str | Path, method: str, config: dict[str, Any], state: dict[st
 
 def load(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Read a checkpoint folder: (config.json as a dict, state dict)."""
-    from safetensors.torch import load_file
-
     path = Path(folder)
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         raise CheckpointError(f"{path} is not a drafter checkpoint: it needs config.json and model.safetensors")
-    meta = json.loads((path / "config.json").read_text())
-    return meta, load_file(str(path / "model.safetensors"))
+    return read_json(path / "config.json"), read_tensors(path / "model.safetensors")
 
 
 def check_target(meta: dict[str, Any], target: Target) -> None:

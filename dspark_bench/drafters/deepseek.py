@@ -16,14 +16,13 @@ Organised per method: shared readers first, then one section per draft family.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dspark_bench.drafters.blockdraft import Arch
-from dspark_bench.drafters.checkpoint import CheckpointError
+from dspark_bench.drafters.checkpoint import CheckpointError, read_json, read_tensors
 
 if TYPE_CHECKING:
     from dspark_bench.target.model import Target
@@ -33,31 +32,39 @@ if TYPE_CHECKING:
 def is_deepseek(path: Path) -> bool:
     """True for a DeepSpec-format folder (its config.json names ``architectures``)."""
     config = Path(path) / "config.json"
-    return config.is_file() and "architectures" in json.loads(config.read_text())
+    return config.is_file() and "architectures" in read_json(config)
 
 
 def read_config(path: Path) -> dict[str, Any]:
     file = Path(path) / "config.json"
     if not file.is_file():
         raise CheckpointError(f"{path} has no config.json")
-    return json.loads(file.read_text())
+    return read_json(file)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """``model.safetensors``, or the shards named by ``model.safetensors.index.json`` (each must exist)."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        raise CheckpointError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise CheckpointError(f"{index}: expected a 'weight_map' object of parameter name -> shard file name")
+    files = [path / f for f in sorted(set(weight_map.values()))]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"{index} names shards that are not in {path}: {', '.join(missing)}")
+    return files
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """``model.safetensors``, or the shards named by ``model.safetensors.index.json``."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if (path / "model.safetensors").is_file():
-        files = [path / "model.safetensors"]
-    elif (path / "model.safetensors.index.json").is_file():
-        index = json.loads((path / "model.safetensors.index.json").read_text())
-        files = [path / f for f in sorted(set(index["weight_map"].values()))]
-    else:
-        raise CheckpointError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+    """Every tensor of :func:`weight_files`, the ``_orig_mod.`` prefix (torch.compile's) removed."""
     state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update({k.removeprefix("_orig_mod."): v for k, v in load_file(str(f)).items()})
+    for f in weight_files(path):
+        state.update({k.removeprefix("_orig_mod."): v for k, v in read_tensors(f).items()})
     return state
 
 

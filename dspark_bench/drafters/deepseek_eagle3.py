@@ -15,15 +15,14 @@ hidden size, RoPE base, layer count, taps, number of draft layers) is refused wi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dspark_bench.drafters.chain import Eagle3Model
-from dspark_bench.drafters.checkpoint import CheckpointError
-from dspark_bench.drafters.deepseek import frozen_copy_matches
+from dspark_bench.drafters.checkpoint import CheckpointError, read_json
+from dspark_bench.drafters.deepseek import frozen_copy_matches, read_weights
 from dspark_bench.drafters.layers import LayerSpec, rope_theta
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{folder} has no config.json")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def is_deepseek_eagle3(folder: str | Path) -> bool:
@@ -90,24 +89,6 @@ def _tap_problems(taps: list[int], num_layers: int) -> list[str]:
     return out
 
 
-def read_state(folder: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint (single file or index + shards), ``_orig_mod.`` prefix removed."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    if (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
-    elif (folder / "model.safetensors.index.json").is_file():
-        index = json.loads((folder / "model.safetensors.index.json").read_text())
-        files = [folder / f for f in sorted(set(index["weight_map"].values()))]
-    else:
-        raise CheckpointError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update({k.removeprefix("_orig_mod."): v for k, v in load_file(str(f)).items()})
-    return state
-
-
 def _check_frozen(state: dict[str, torch.Tensor], target: Target) -> None:
     """The checkpoint's embedding / LM-head copies must be the target's weights (compared in the checkpoint's
     dtype: :func:`~dspark_bench.drafters.deepseek.frozen_copy_matches`)."""
@@ -126,7 +107,7 @@ def load(folder: str | Path, target: Target) -> Eagle3Model:
     config = read_config(folder)
     check_fit(config, target)
     model = Eagle3Model(LayerSpec.from_config(config), tuple(config["target_layer_ids"]), target)
-    state = read_state(folder)
+    state = read_weights(folder)
     expected = set(model.state_dict()) | set(FROZEN)
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:

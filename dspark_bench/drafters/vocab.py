@@ -170,9 +170,13 @@ def read_vocab(path: str | Path) -> torch.Tensor:
     p = Path(path)
     if not p.is_file():
         raise VocabError(f"draft vocabulary {p} not found (accepted: {FULL!r}, or a file from `dspark-bench data vocab`)")
-    data = json.loads(p.read_text())
-    if data.get("format") != FORMAT or len(data.get("ids", ())) != data.get("size"):
-        raise VocabError(f"{p}: not a {FORMAT} file")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # both ValueErrors; the message names no file
+        raise VocabError(f"{p}: not a {FORMAT} file (not readable JSON: {exc}); write one with "
+                         "`dspark-bench data vocab`") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or len(data.get("ids", ())) != data.get("size"):
+        raise VocabError(f"{p}: not a {FORMAT} file; write one with `dspark-bench data vocab`")
     return torch.tensor(data["ids"], dtype=torch.long)
 
 

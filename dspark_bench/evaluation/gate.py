@@ -46,6 +46,13 @@ Decision rules:
   With it, ``drafters`` may name the drafters to judge: a rerun that decodes only a degraded drafter (and
   ``none``) is judged on exactly the checks the whole gate makes for them, at the whole gate's levels.
 
+**Settings.** A run is judged only against a baseline recorded under the same settings (:data:`GATED_SETTINGS`,
+compared by :func:`settings_mismatches` with the baseline's ``sources``): a bf16 run against an fp32 baseline, 16
+new tokens against 32 or one domain against all of them measure something else, and their "regressions" are
+not regressions. The seed may differ (the gate judges fresh seeds), and so may the repeats (more units of the
+same measurement), the drafters and their options (what is judged: ``recipes/gate_power.sh`` degrades a drafter
+through its options to measure the gate's power).
+
 A baseline may pool several runs of the same prompts with other seeds (``baseline update RUN1 RUN2 ...``): each
 prompt's counts are summed over the runs, so tau and the position rates are pooled estimates, the intervals are
 still over prompts (paired with the new run's), and the speedup's spread is seen across seeds.
@@ -56,15 +63,16 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dspark_bench.core.records import RequestRecord
 from dspark_bench.evaluation.metrics import count_rounds
-from dspark_bench.evaluation.runs import read_manifest, read_records
+from dspark_bench.evaluation.runs import SUMMARY, read_json, read_manifest, read_records
 
 BASELINE_FILE = "baseline.json"
 LOSSLESS_FILE = "lossless.json"
@@ -83,6 +91,15 @@ class Tolerances:
     min_prompts: int = 10  # fewer prompts than this per scope: no interval over prompts is trustworthy
     min_examined: int = 100  # fewer rounds reaching a position: its rate is too coarse for a 10% tolerance
 
+    def __post_init__(self) -> None:
+        for name in ("tau", "position", "speedup"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:  # a drop r < 1 - tol: a negative tol fails unchanged runs, tol >= 1 fails none
+                raise GateError(f"{name} tolerance {value}: give a relative drop from 0 up to (not including) 1")
+        if not 0 < self.family_alpha < 1 or self.min_prompts < 1 or self.min_examined < 0:
+            raise GateError(f"family_alpha {self.family_alpha} (accepted: between 0 and 1), min_prompts "
+                            f"{self.min_prompts} (>= 1) or min_examined {self.min_examined} (>= 0) is out of range")
+
 
 @dataclass(frozen=True)
 class Check:
@@ -96,6 +113,70 @@ class Check:
     @property
     def failed(self) -> bool:
         return self.verdict == "fail"
+
+
+# ---- settings: what a run must share with its baseline ---------------------------------------------------------
+# The run settings (manifest ``args``) that change what the gate measures (module docstring, "Settings").
+GATED_SETTINGS = ("target", "engine", "engine_options", "dtype", "suite", "limit", "skip", "max_new_tokens",
+                  "temperature", "block_size", "concurrency", "warmup", "scheduler", "scheduler_options", "profile")
+_UNRECORDED = {"engine": "dspark"}  # runs of our engine record no engine name
+_MISSING = object()  # a setting a manifest does not record
+
+
+@dataclass(frozen=True)
+class SettingMismatch:
+    """A setting in which a run differs from every baseline source run of its kind (sampled or greedy)."""
+
+    run: str
+    setting: str
+    value: Any
+    baseline: tuple[Any, ...]  # the values of the baseline's source runs of that kind, each once
+
+    def __str__(self) -> str:
+        return f"{self.setting} {_show(self.value)} (baseline: {', '.join(map(_show, self.baseline))})"
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple, type(None))) else str(value)
+
+
+def settings_mismatches(sources: Sequence[Mapping[str, Any]], runs: Mapping[str, Mapping[str, Any]]
+                        ) -> list[SettingMismatch]:
+    """Each :data:`GATED_SETTINGS` entry in which a run's ``args`` (``runs``: name -> args) differ from the
+    ``args`` of all the baseline's ``sources`` of the same kind: sampled runs (temperature > 0) are compared with
+    its sampled runs, greedy ones with its greedy runs (the two kinds may differ in prompts and concurrency). A
+    run of a kind the baseline lacks has nothing to be compared with, and a setting a run or every source does not
+    record (an older manifest) is not compared."""
+    out = []
+    for run, args in runs.items():
+        kind = [s.get("args", {}) for s in sources if _sampled(s.get("args", {})) == _sampled(args)]
+        for name in GATED_SETTINGS:
+            value = _setting(args, name)
+            have = _once([v for a in kind if (v := _setting(a, name)) is not _MISSING])
+            if value is not _MISSING and have and value not in have:
+                out.append(SettingMismatch(run, name, value, tuple(have)))
+    return out
+
+
+def _setting(args: Mapping[str, Any], name: str) -> Any:
+    return args.get(name, _UNRECORDED.get(name, _MISSING))
+
+
+def _sampled(args: Mapping[str, Any]) -> bool:
+    return (args.get("temperature") or 0) > 0
+
+
+def _once(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        if v not in out:  # values may be dicts: no set
+            out.append(v)
+    return out
+
+
+def run_settings(runs: Sequence[Path]) -> dict[str, dict]:
+    """Each run folder's recorded ``args``, by folder name, for :func:`settings_mismatches`."""
+    return {str(run): read_manifest(run).get("args", {}) for run in runs}
 
 
 # ---- snapshots: what a baseline stores and a new run is reduced to ------------------------------------------
@@ -119,8 +200,8 @@ def snapshot(runs: list[Path]) -> dict:
             seeds.append(manifest["args"].get("seed"))
         else:
             greedy.extend(recs)
-        if manifest["args"]["temperature"] > 0 and (run / "summary.json").is_file():
-            for g in json.loads((run / "summary.json").read_text())["groups"]:
+        if manifest["args"]["temperature"] > 0 and (run / SUMMARY).is_file():
+            for g in _summary_groups(run):
                 if g["scope"] == "all" and g["drafter"] != "none":
                     speedups.setdefault(g["drafter"], []).extend(g["speedup_vs_none_repeats"])
     if len(gammas) != 1:
@@ -135,6 +216,15 @@ def snapshot(runs: list[Path]) -> dict:
                          "errors_per_run": errors.get(d, [])} for d in drafters},
         "lossless": _lossless(runs),
     }
+
+
+def _summary_groups(run: Path) -> list[dict]:
+    """The ``groups`` of a run's summary.json (:func:`~dspark_bench.evaluation.metrics.summarize`)."""
+    accepted = f"the {SUMMARY} that dspark-bench run writes: an object with a 'groups' list"
+    groups = read_json(run / SUMMARY, accepted).get("groups")
+    if not isinstance(groups, list):
+        raise GateError(f"{run / SUMMARY}: no 'groups' list; expected {accepted}")
+    return groups
 
 
 def _drafter_snapshot(name, sampled, greedy, speedups, gamma) -> dict:
@@ -182,7 +272,7 @@ def _lossless(runs: list[Path]) -> list[dict]:
     for run in runs:
         path = run / LOSSLESS_FILE
         if path.is_file():
-            rows.extend(json.loads(path.read_text()).get("rows", []))
+            rows.extend(read_json(path, f"the {LOSSLESS_FILE} the lossless battery writes").get("rows", []))
     return rows
 
 
@@ -471,7 +561,7 @@ def load_baseline(folder: Path) -> dict:
     if not path.is_file():
         raise GateError(f"{folder} is not a baseline: {BASELINE_FILE} missing (create one with "
                         "'dspark-bench baseline update RESULTS --name NAME')")
-    return json.loads(path.read_text())
+    return read_json(path, f"the {BASELINE_FILE} that 'dspark-bench baseline update' writes", GateError)
 
 
 def write_baseline(runs: list[Path], folder: Path) -> Path:

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import subprocess
+import zlib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -62,16 +63,50 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
-def read_records(folder: str | Path) -> list[RequestRecord]:
-    """A run's records: ``records.jsonl``, or ``records.jsonl.gz`` as committed result sets store them."""
+def read_json(path: str | Path, accepted: str, error: type[ValueError] = ResultsError) -> dict[str, Any]:
+    """A JSON object from ``path``. A file that is not UTF-8, not JSON or not an object raises ``error`` with one
+    line that names the file (and the line of a JSON error) and says what is ``accepted``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                    f"expected {accepted}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        why = "empty file" if not text.strip() else f"{exc.msg}: line {exc.lineno} column {exc.colno}"
+        raise error(f"{path}: not valid JSON ({why}); expected {accepted}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: a JSON {type(data).__name__}, not an object; expected {accepted}")
+    return data
+
+
+def _records_text(folder: str | Path) -> tuple[Path, str]:
+    """(the file, its text) of a run's ``records.jsonl`` or ``records.jsonl.gz``."""
     path = Path(folder) / RECORDS
     packed = path.with_name(RECORDS + ".gz")
     if path.is_file():
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     elif packed.is_file():
-        path, text = packed, gzip.decompress(packed.read_bytes()).decode("utf-8")
+        path = packed
+        try:
+            data = gzip.decompress(packed.read_bytes())
+        except (OSError, EOFError, zlib.error) as exc:  # not gzip (OSError), truncated (EOFError), corrupt
+            raise ResultsError(f"{path}: not a readable gzip file ({exc}); expected a gzip-compressed {RECORDS}, "
+                               "one JSON record per line") from None
     else:
         raise ResultsError(f"{folder} has no {RECORDS} (or {RECORDS}.gz): is it a dspark-bench run folder?")
+    try:
+        return path, data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ResultsError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); expected one JSON record "
+                           "per line") from None
+
+
+def read_records(folder: str | Path) -> list[RequestRecord]:
+    """A run's records: ``records.jsonl``, or ``records.jsonl.gz`` as committed result sets store them."""
+    path, text = _records_text(folder)
     out, seen = [], {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -120,7 +155,10 @@ def drop_torn_tail(folder: str | Path) -> int:
     if not last.strip():
         return 0
     try:
-        json.loads(last)
+        json.loads(last.decode("utf-8"))
+    except UnicodeDecodeError:  # records are written as ASCII JSON: not what a crash leaves, so not cut
+        line = data[:end].count(b"\n") + 1
+        raise ResultsError(f"{path}:{line}: not UTF-8 text; expected one JSON record per line") from None
     except json.JSONDecodeError:
         with open(path, "r+b") as f:
             f.truncate(end)
@@ -135,7 +173,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise ResultsError(f"{folder} has no {MANIFEST}: is it a dspark-bench run folder?")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path, f"the {MANIFEST} that dspark-bench run writes (a JSON object)")
     if data.get("schema_version") != SCHEMA_VERSION:
         raise ResultsError(f"{path}: schema_version {data.get('schema_version')!r}, this version reads {SCHEMA_VERSION}")
     return data
@@ -204,7 +242,8 @@ def _git_state() -> dict[str, Any]:
 
 # Settings that must agree for run parts to be one run (the prompts, limit and skip may differ).
 MERGE_SAME = ("target", "drafters", "drafter_options", "scheduler", "scheduler_options", "profile", "max_new_tokens",
-              "temperature", "block_size", "seed", "dtype", "repeats", "concurrency")
+              "temperature", "block_size", "seed", "dtype", "repeats", "concurrency", "truncate", "engine",
+              "request_rate", "burstiness", "max_concurrency")
 
 
 def complete_prompts(manifest: dict[str, Any], records: list[RequestRecord]) -> list[dict[str, Any]]:
@@ -254,6 +293,10 @@ def merge_runs(parts: list[Path], out: Path, datasets: list[set[str] | None] | N
                          "machine": m.get("machine"), "prompts": len(k), "prompts_left_out": len(m["prompts"]) - len(k),
                          "records_left_out": sum(owner.get((r.dataset, r.prompt_id)) != p for r in recs)}
                         for p, m, k, recs, only in zip(parts, manifests, kept, read, datasets, strict=True)]}
+    cut = [t for part, m in zip(parts, manifests, strict=True) for t in m.get("truncated", [])
+           if owner.get((t["dataset"], t["prompt_id"])) == part]  # as the records: the owning part's
+    if cut:
+        merged["truncated"] = cut
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / MANIFEST, merged)

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import random
 import tomllib
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,24 +212,40 @@ def domains() -> dict[str, tuple[str, ...]]:
 
 
 def _read_rows(path: Path) -> list[tuple[str, Mapping[str, Any]]]:
-    """Non-blank lines of a JSONL (or gzip JSONL) file as ("file:line", object) pairs."""
+    """Non-blank lines of a JSONL (or gzip JSONL) file as ("file, line N", object) pairs. The file is read as
+    bytes and each line decoded on its own, so a byte that is not UTF-8 is reported with its line."""
     if not path.is_file():
         raise SuiteError(f"prompt file not found: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
+    gzipped = path.suffix == ".gz"
     rows = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SuiteError(f"{where}: not valid JSON ({exc.msg}); {_TURNS_HINT}") from None
-            if not isinstance(row, dict):
-                raise SuiteError(f"{where}: expected a JSON object, got {type(row).__name__}; {_TURNS_HINT}")
-            rows.append((where, row))
+    try:
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if raw.strip():
+                    where = f"{path}, line {lineno}"
+                    rows.append((where, _parse_row(raw, where)))
+    except (OSError, EOFError, zlib.error) as exc:  # gzip: not gzip (OSError), truncated (EOFError), corrupt
+        what = "not a readable gzip file (not gzip, truncated or corrupt: " if gzipped else "cannot be read ("
+        raise SuiteError(f"{path}: {what}{exc}); accepted: a UTF-8 .jsonl file or a gzip-compressed .jsonl.gz, "
+                         f"{_TURNS_HINT}") from None
     return rows
+
+
+def _parse_row(raw: bytes, where: str) -> Mapping[str, Any]:
+    """One line of a prompt file: a UTF-8 JSON object."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        packed = " (it looks gzip-compressed: name it .jsonl.gz)" if raw.startswith(b"\x1f\x8b") else ""
+        raise SuiteError(f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at position {exc.start + 1}){packed}; "
+                         f"prompt files are UTF-8, {_TURNS_HINT}") from None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SuiteError(f"{where}: not valid JSON ({exc.msg}); {_TURNS_HINT}") from None
+    if not isinstance(row, dict):
+        raise SuiteError(f"{where}: expected a JSON object, got {type(row).__name__}; {_TURNS_HINT}")
+    return row
 
 
 def _subsample(rows: Sequence[T], cap: int | None, seed: int) -> list[T]:

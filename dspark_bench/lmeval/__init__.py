@@ -15,13 +15,14 @@ files (about 25 s), which :func:`task_manager` skips when every requested task i
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from pathlib import Path
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 TASKS = ("dspark_gsm8k", "dspark_humaneval")
 
-__all__ = ["TASKS", "TASKS_DIR", "task_manager"]
+__all__ = ["TASKS", "TASKS_DIR", "task_manager", "unknown_tasks"]
 
 
 def task_manager(tasks: Sequence[str] = TASKS, include: Sequence[str | Path] = ()):
@@ -34,3 +35,18 @@ def task_manager(tasks: Sequence[str] = TASKS, include: Sequence[str | Path] = (
     if set(tasks) <= set(manager.all_tasks):
         return manager
     return TaskManager(include_path=paths, include_defaults=True)
+
+
+def unknown_tasks(manager, tasks: Sequence[str]) -> str | None:
+    """None when lm-eval's ``manager`` knows every name of ``tasks`` (a task, group or tag, or a task YAML file),
+    else one line naming the others, with near names, and what is accepted."""
+    if not tasks:
+        return "--tasks names no task; accepted: a comma list such as dspark_gsm8k,dspark_humaneval"
+    known = set(manager.all_tasks)
+    unknown = [t for t in tasks if t not in known and not Path(t).is_file()]
+    if not unknown:
+        return None
+    near = sorted({m for t in unknown for m in difflib.get_close_matches(t, known, n=3)})
+    return (f"unknown lm-eval task(s) {', '.join(unknown)}" + (f" (near: {', '.join(near)})" if near else "")
+            + f"; accepted: our tasks {', '.join(TASKS)}, any task, group or tag of lm-eval and of --include-path "
+            "folders (list them with: lm-eval ls tasks), or a task YAML file")

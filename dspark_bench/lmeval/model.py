@@ -45,19 +45,20 @@ from lm_eval.api.registry import register_model
 
 from dspark_bench import drafters as drafter_registry
 from dspark_bench.core.records import RequestRecord, record_from_result
+from dspark_bench.drafters.registry import make_config
 from dspark_bench.engines.native.loop import EngineConfig, Request, RequestResult, RoundLoop
 from dspark_bench.engines.native.runner import resolve_scheduler_options
 from dspark_bench.evaluation.metrics import summarize
 from dspark_bench.evaluation.runs import SCHEMA_VERSION, SUMMARY, RunWriter, environment, write_json
 from dspark_bench.evaluation.suites import DEFAULT_SEED
 from dspark_bench.scheduling.schedulers import create_scheduler, with_profile
-from dspark_bench.target.model import EMBEDDED, Target
+from dspark_bench.target.model import DTYPES, EMBEDDED, Target
 
 log = logging.getLogger(__name__)
 
 REPEAT_STRIDE = 100_000  # seed offset between repeats of one document
 _DOMAIN = "lm-eval"
-_GEN_KEYS = frozenset({"until", "max_gen_toks", "temperature", "do_sample"})
+GEN_KEYS = frozenset({"until", "max_gen_toks", "temperature", "do_sample"})  # gen_kwargs the model reads
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,22 @@ def parse_model_args(args: Mapping[str, Any]) -> tuple[DSparkLMConfig, dict, dic
     if "concurrency" not in plain and args.get("batch_size") is not None:
         plain["concurrency"] = _batch_size(args["batch_size"])
     return DSparkLMConfig(**plain), drafter_opts, scheduler_opts
+
+
+def check_model_args(config: DSparkLMConfig, drafter_opts: Mapping[str, Any], scheduler_opts: Mapping[str, Any]
+                     ) -> None:
+    """Fail on settings that cannot run (dtype, engine limits, drafter or scheduler name and options) before the
+    target loads; :class:`ValueError` says what is accepted."""
+    if config.dtype not in DTYPES:
+        raise ValueError(f"dspark model argument dtype={config.dtype!r}: accepted {', '.join(DTYPES)}")
+    for key in ("max_gen_toks", "block_size", "concurrency", "max_length"):
+        value = getattr(config, key)
+        if value is not None and value < 1:
+            raise ValueError(f"dspark model argument {key}={value}: give an integer >= 1")
+    if config.temperature < 0:
+        raise ValueError(f"dspark model argument temperature={config.temperature}: give a number >= 0")
+    make_config(config.drafter, drafter_opts)  # an unknown drafter or option
+    create_scheduler(config.scheduler, **{k: v for k, v in scheduler_opts.items() if k != "calibration"})
 
 
 def _cast(key: str, value: Any, kind: str) -> Any:
@@ -157,9 +174,7 @@ class DSparkLM(LM):
         name = target.name if isinstance(target, Target) else target
         self.config, drafter_opts, scheduler_opts = parse_model_args({"target": name, **model_args})
         cfg = self.config
-        EngineConfig(cfg.max_gen_toks, cfg.temperature, cfg.block_size, cfg.concurrency)  # validate early
-        drafter_registry.drafter_class(cfg.drafter)  # fail on an unknown name before loading the target
-        create_scheduler(cfg.scheduler, **{k: v for k, v in scheduler_opts.items() if k != "calibration"})
+        check_model_args(cfg, drafter_opts, scheduler_opts)  # before loading the target
         self.target = target if isinstance(target, Target) else Target.load(
             cfg.target, cfg.dtype, cache_dir=cfg.cache_dir and Path(cfg.cache_dir),
             device=cfg.device and torch.device(cfg.device))
@@ -195,9 +210,9 @@ class DSparkLM(LM):
         out = []
         for req in requests:
             context, kwargs = req.args
-            unknown = sorted(set(kwargs) - _GEN_KEYS)
+            unknown = sorted(set(kwargs) - GEN_KEYS)
             if unknown:
-                raise ValueError(f"dspark model: unsupported gen_kwargs {unknown}; accepted: {sorted(_GEN_KEYS)}")
+                raise ValueError(f"dspark model: unsupported gen_kwargs {unknown}; accepted: {sorted(GEN_KEYS)}")
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             key = (req.task_name or "", req.doc_id or 0)

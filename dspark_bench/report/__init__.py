@@ -1,4 +1,6 @@
 """Reports: read recorded results (never rerun or recompute acceptance) and render HTML, Markdown and PNGs.
+Relative gains carry 95% intervals resampled from the runs' recorded per-prompt numbers, or are withheld
+(:mod:`dspark_bench.report.gains`).
 
 ``build_report(runs, out_dir)`` is the entry point; ``dspark_bench.cli.report`` holds the ``report`` and
 ``paper`` commands. Optional result files (profile.json, sweep.json, simulate.json, calibration.json,

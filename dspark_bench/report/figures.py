@@ -12,9 +12,19 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
+from dspark_bench.evaluation.metrics import MIN_ROUNDS
+from dspark_bench.report.gains import MIN_PROMPTS, Samples, speedup
 from dspark_bench.report.inputs import Calibration, CellRow, Profile
 from dspark_bench.report.load import Entry, Inputs
-from dspark_bench.report.style import DASHES, PATTERNS, domain_sort_key, drafter_colour, style_figure
+from dspark_bench.report.style import (
+    DASHES,
+    PATTERNS,
+    annotate_empty,
+    annotate_note,
+    domain_sort_key,
+    drafter_colour,
+    style_figure,
+)
 from dspark_bench.report.tables import position_points
 
 
@@ -42,18 +52,27 @@ def _domains(entries: Sequence[Entry]) -> list[str]:
     return sorted({e.name for e in entries}, key=domain_sort_key)
 
 
+def _panel_ref(col: int) -> tuple[str, str]:
+    """The (xref, yref) of panel ``col`` of a one-row figure, for annotations placed in its frame."""
+    suffix = "" if col == 1 else str(col)
+    return f"x{suffix} domain", f"y{suffix} domain"
+
+
 def positions_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
     """Paper Figure 2: P(x_k accepted | x_1..x_{k-1} accepted) per draft position k, one panel per domain, with
-    95% Wilson intervals; positions tested in fewer than ``MIN_ROUNDS`` rounds are left out."""
+    95% Wilson intervals; positions tested in fewer than ``MIN_ROUNDS`` rounds are left out, and a panel left
+    with nothing says so."""
     domains = _domains(entries)
     fig = make_subplots(rows=1, cols=len(domains), subplot_titles=domains, shared_yaxes=True)
     styles, shown = _styles(inputs, entries), set()
     for col, dom in enumerate(domains, 1):
+        most, drawn = 0, False  # the most rounds behind a position; whether any is drawn
         for e in (x for x in entries if x.name == dom):
             points = position_points(e.metrics["positions"])  # positions with too few rounds are left out
             y = [p.rate if p.enough else None for p in points]
             up = [(p.interval[1] - p.rate) if p.enough and p.interval else 0.0 for p in points]
             down = [(p.rate - p.interval[0]) if p.enough and p.interval else 0.0 for p in points]
+            most = max([most, *(p.examined or 0 for p in points)])
             label = inputs.label(e)
             colour, dash, _ = styles[label]
             fig.add_trace(go.Scatter(
@@ -64,6 +83,10 @@ def positions_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
                 hovertemplate=f"{label}<br>k=%{{x}}: %{{y:.3f}} of %{{customdata}} tested<extra>{dom}</extra>"),
                 row=1, col=col)
             shown.add(label)
+            drawn = drawn or any(v is not None for v in y)
+        if not drawn:
+            annotate_empty(fig, f"No position tested in ≥ {MIN_ROUNDS} rounds<br>(the most: {most}); "
+                                "see the table below", *_panel_ref(col))
         fig.update_xaxes(title_text="draft position k", dtick=1, row=1, col=col)
     fig.update_yaxes(title_text="conditional acceptance", range=[-0.03, 1.03], row=1, col=1)
     return style_figure(fig, "Conditional acceptance per draft position (paper Figure 2)")
@@ -221,18 +244,33 @@ def load_figure(rows: Sequence[CellRow], unit: str = "tok/s") -> go.Figure:
     return style_figure(fig, "Throughput and verify budget under load (paper Figures 7–8)", height=460)
 
 
-def speed_figure(inputs: Inputs, entries: Sequence[Entry]) -> go.Figure:
-    """Speedup over vanilla decoding (`none`) per domain, as recorded."""
+def speed_figure(inputs: Inputs, entries: Sequence[Entry], samples: Samples, note: str = "") -> go.Figure:
+    """Speedup over vanilla decoding (`none`) per domain, as recorded, with 95% bootstrap intervals; a speedup
+    resting on too few prompts is not drawn (:mod:`.gains`), and the figure says so. ``note``: a line under the
+    title (timings from several processes)."""
     domains = _domains(entries)
     fig = go.Figure()
-    styles = _styles(inputs, entries)
+    styles, withheld = _styles(inputs, entries), 0
     for label in inputs.labels(entries):
-        by_dom = {e.name: e.metrics.get("speedup_vs_none") for e in entries if inputs.label(e) == label}
-        fig.add_trace(go.Bar(x=domains, y=[by_dom.get(d) for d in domains], name=label,
-                             marker=_bar_marker(styles[label]),
+        found = {e.name: speedup(e, samples) for e in entries if inputs.label(e) == label}
+        withheld += sum(g.value is not None and not g.shown for g in found.values())
+        drawn = [g if g is not None and g.shown else None for g in map(found.get, domains)]
+        fig.add_trace(go.Bar(x=domains, y=[g and g.value for g in drawn], name=label, marker=_bar_marker(styles[label]),
+                             error_y={"type": "data", "symmetric": False, "thickness": 1,
+                                      "array": [g and g.interval[1] - g.value for g in drawn],
+                                      "arrayminus": [g and g.value - g.interval[0] for g in drawn]},
                              hovertemplate=f"{label}<br>%{{x}}: %{{y:.2f}}×<extra></extra>"))
     fig.add_hline(y=1.0, line={"color": "#555555", "width": 1, "dash": "dot"})
     fig.update_layout(barmode="group", bargap=0.3)
     fig.update_xaxes(title_text="domain")
     fig.update_yaxes(title_text="speedup vs none (tokens/s ratio)", rangemode="tozero")
-    return style_figure(fig, "Wall-clock speedup over vanilla decoding")
+    if all(g is None for t in fig.data for g in t.y):
+        annotate_empty(fig, f"No speedup drawn: each rests on fewer than {MIN_PROMPTS} prompts<br>"
+                            "or has no per-prompt records (see the table below)", "paper", "paper")
+    elif withheld:
+        note = "; ".join(filter(None, [note, f"{withheld} bar(s) not drawn: fewer than {MIN_PROMPTS} prompts or no "
+                                             "records (see the table below)"]))
+    fig = style_figure(fig, "Wall-clock speedup over vanilla decoding")
+    if note:
+        annotate_note(fig, note)
+    return fig

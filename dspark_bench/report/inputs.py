@@ -39,12 +39,13 @@ written as NaN or as the strings "nan"/"inf"; they are shown as missing.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dspark_bench.evaluation.runs import read_json
 
 KINDS = ("profile", "sweep", "simulate", "calibration", "lossless")
 
@@ -280,8 +281,5 @@ def read_artifact(path: Path):
     kind = path.name.removesuffix(".json")
     if kind not in _PARSERS or not path.name.endswith(".json"):
         raise ReportError(f"{path}: not a report input; accepted file names: {', '.join(k + '.json' for k in KINDS)}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    data = read_json(path, f"the JSON object of a {path.name} (its schema: dspark_bench/report/inputs.py)", ReportError)
     return _PARSERS[kind](data, path)

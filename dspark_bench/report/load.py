@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_bench.core.records import ResultsError
-from dspark_bench.evaluation.runs import MANIFEST, RECORDS, SUMMARY, read_manifest
+from dspark_bench.evaluation.runs import MANIFEST, RECORDS, SUMMARY, read_json, read_manifest
 from dspark_bench.report.inputs import KINDS, ReportError, read_artifact
 from dspark_bench.report.style import domain_sort_key, drafter_sort_key
 
@@ -125,7 +125,9 @@ class Inputs:
 
 def _summary(folder: Path, manifest: Mapping[str, Any]) -> tuple[dict, str]:
     if (folder / SUMMARY).is_file():
-        return json.loads((folder / SUMMARY).read_text(encoding="utf-8")), SUMMARY
+        accepted = (f"the {SUMMARY} that dspark-bench run writes (delete it to summarise the run from its "
+                    f"{RECORDS})")
+        return read_json(folder / SUMMARY, accepted, ReportError), SUMMARY
     from dspark_bench.evaluation.metrics import summarize
     from dspark_bench.evaluation.runs import read_records
 

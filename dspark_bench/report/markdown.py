@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dspark_bench.report.sections import Missing, Section
-from dspark_bench.report.style import TAU_DEFINITION
+from dspark_bench.report.style import TAU_DEFINITION, figure_notes
 from dspark_bench.report.tables import Table
 
 
@@ -33,6 +33,9 @@ def section_md(s: Section, pngs: Sequence[Path], out_dir: Path) -> str:
         parts += [f"![{s.title}]({png.relative_to(out_dir).as_posix()})", ""]
     if s.figures and not pngs:
         parts += [f"_{len(s.figures)} interactive figure(s) in index.html._", ""]
+        for i, fig in enumerate(s.figures, 1):  # what the figure itself says in its middle
+            for why in figure_notes(fig):
+                parts += [f"_Figure {i}: {_cell(why.replace('<br>', ' '))}._", ""]
     for t in s.tables:
         parts += [table_md(t), ""]
     return "\n".join(parts)

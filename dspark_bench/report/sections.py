@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from dspark_bench.report import figures, paper, tables
+from dspark_bench.report.gains import Samples, read_samples
 from dspark_bench.report.load import Entry, Inputs
 from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key
 from dspark_bench.report.tables import Table
@@ -30,16 +31,16 @@ class Missing:
     reason: str
 
 
-def _table1(inp: Inputs) -> Section | str:
+def _table1(inp: Inputs, samples: Samples) -> Section | str:
     if not inp.select("dataset"):
         return "no run with per-dataset results (summary.json groups with scope 'dataset')"
-    gains = tables.gains_table(inp)
+    gains = tables.gains_table(inp, samples)
     notes = "".join(f" {name}: {note}." for name, note in paper.stand_in_notes(inp).items())
     return Section("table1", "Accepted length τ (Table 1)", "Rows: drafters; columns: datasets grouped by domain."
                    + notes, tables=(tables.table1(inp), *([gains] if gains else [])))
 
 
-def _paper(inp: Inputs) -> Section | str:
+def _paper(inp: Inputs, samples: Samples) -> Section | str:
     if not inp.select("dataset"):
         return "no per-dataset results to compare"
     found = paper.comparison_tables(inp)
@@ -55,7 +56,7 @@ def _with_positions(inp: Inputs, scope: str):
                                                    .get("conditional", []))]
 
 
-def _positions(inp: Inputs) -> Section | str:
+def _positions(inp: Inputs, samples: Samples) -> Section | str:
     entries = _with_positions(inp, "domain")
     if not entries:
         return "no drafter with verified draft tokens (only `none`, or no domain groups in summary.json)"
@@ -67,7 +68,7 @@ def _positions(inp: Inputs) -> Section | str:
                    (tables.positions_table(inp, ordered),))
 
 
-def _histogram(inp: Inputs) -> Section | str:
+def _histogram(inp: Inputs, samples: Samples) -> Section | str:
     entries = [e for e in _with_positions(inp, "all") if e.metrics.get("histogram")]
     if not entries:
         return "no drafter with verified draft tokens"
@@ -75,7 +76,7 @@ def _histogram(inp: Inputs) -> Section | str:
     return Section("histogram", "Accepted-length histogram", caption, (figures.histogram_figure(inp, entries),))
 
 
-def _block_size(inp: Inputs) -> Section | str:
+def _block_size(inp: Inputs, samples: Samples) -> Section | str:
     sizes = sorted({r.block_size for r in inp.runs})
     omit = ("block_size", "run")
     entries = [e for e in inp.select("domain") if e.drafter != "none"]
@@ -104,7 +105,7 @@ def _sources(docs) -> str:
     return "Source: " + ", ".join(str(d.source) for d in docs)
 
 
-def _sweep(inp: Inputs) -> Section | str:
+def _sweep(inp: Inputs, samples: Samples) -> Section | str:
     rows = [r for r in _cells(inp, ("sweep",)) if r.scheduler == "threshold" and r.theta is not None]
     if not rows:
         return "no threshold-sweep cells (sweep.json rows of scheduler 'threshold' with options.theta)"
@@ -114,7 +115,7 @@ def _sweep(inp: Inputs) -> Section | str:
                    (tables.sweep_table(rows, _sources(inp.artifacts["sweep"])),))
 
 
-def _calibration(inp: Inputs) -> Section | str:
+def _calibration(inp: Inputs, samples: Samples) -> Section | str:
     cals = inp.artifacts.get("calibration", ())
     if not cals:
         return "no calibration.json among the inputs (confidence-head reliability data)"
@@ -124,7 +125,7 @@ def _calibration(inp: Inputs) -> Section | str:
                    tuple(figures.reliability_figure(c) for c in cals), tuple(tables.calibration_table(c) for c in cals))
 
 
-def _profile(inp: Inputs) -> Section | str:
+def _profile(inp: Inputs, samples: Samples) -> Section | str:
     profs = inp.artifacts.get("profile", ())
     if not profs:
         return "no profile.json among the inputs (engine step-rate profile)"
@@ -133,7 +134,7 @@ def _profile(inp: Inputs) -> Section | str:
                    tuple(tables.profile_table(p) for p in profs))
 
 
-def _load(inp: Inputs) -> Section | str:
+def _load(inp: Inputs, samples: Samples) -> Section | str:
     rows = _cells(inp, ("sweep", "simulate"))
     if not rows:
         return "no sweep.json (measured) or simulate.json (simulated) among the inputs"
@@ -148,16 +149,20 @@ def _load(inp: Inputs) -> Section | str:
                    (figures.load_figure(series or rows),), (tables.load_table(rows, _sources(docs)),))
 
 
-def _speed(inp: Inputs) -> Section | str:
+def _speed(inp: Inputs, samples: Samples) -> Section | str:
     if not inp.select("all"):
         return "no run summary"
     entries = [e for e in inp.select("domain") if e.drafter != "none" and e.metrics.get("speedup_vs_none")]
-    figs = (figures.speed_figure(inp, entries),) if entries else ()
+    several = [f"{r.name} ({tables.processes(r)})" for r in inp.runs if tables.processes(r) > 1]
+    short = f"Timings from several processes: {', '.join(several)}; see the note below the table" if several else ""
+    figs = (figures.speed_figure(inp, entries, samples, short),) if entries else ()
+    note = tables.timing_note(inp.runs)
     return Section("speed", "Wall-clock speed", "Measured on the machine in the run manifest; compare ratios, "
-                   "not absolute times, across machines.", figs, (tables.speed_table(inp),))
+                   "not absolute times, across machines." + (f" {note}" if note else ""), figs,
+                   (tables.speed_table(inp, samples),))
 
 
-def _lossless(inp: Inputs) -> Section | str:
+def _lossless(inp: Inputs, samples: Samples) -> Section | str:
     docs = inp.artifacts.get("lossless", ())
     if not docs:
         return "no lossless.json among the inputs (lossless test battery)"
@@ -165,14 +170,14 @@ def _lossless(inp: Inputs) -> Section | str:
                    "target's output distribution unchanged.", tables=(tables.lossless_table(docs),))
 
 
-def _manifest(inp: Inputs) -> Section | str:
+def _manifest(inp: Inputs, samples: Samples) -> Section | str:
     if not inp.runs:
         return "no run folders among the inputs"
     return Section("manifest", "Run manifests", "Everything needed to reproduce each figure's data.",
                    tables=tuple(tables.manifest_table(r) for r in inp.runs))
 
 
-BUILDERS: tuple[tuple[str, str, Callable[[Inputs], Section | str]], ...] = (
+BUILDERS: tuple[tuple[str, str, Callable[[Inputs, Samples], Section | str]], ...] = (
     ("table1", "Accepted length τ (Table 1)", _table1),
     ("paper", "Comparison with the paper's Table 1", _paper),
     ("positions", "Position-wise conditional acceptance (Figure 2)", _positions),
@@ -189,9 +194,12 @@ BUILDERS: tuple[tuple[str, str, Callable[[Inputs], Section | str]], ...] = (
 
 
 def build_sections(inp: Inputs) -> tuple[list[Section], list[Missing]]:
+    """The sections with data, and the reasons of those without. Per-prompt numbers (for the intervals of gains)
+    are read from the runs' records once, here."""
     present, missing = [], []
+    samples = read_samples(inp.runs)
     for key, title, build in BUILDERS:
-        out = build(inp)
+        out = build(inp, samples)
         if isinstance(out, Section):
             present.append(out)
         else:

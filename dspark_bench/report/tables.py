@@ -3,7 +3,8 @@
 The one derived quantity is the paper's presentation of Table 1: a **domain mean** is the unweighted mean of
 a row's per-dataset τ over the datasets of that domain, and the **macro average** the mean over all datasets
 (shown only when the row has every dataset, as in the paper); a **relative gain** is τ_DSpark / τ_baseline - 1
-of those means. Per-dataset τ and its 95% interval are read from ``summary.json``.
+of those means, shown with its 95% interval or withheld (:mod:`.gains`). Per-dataset τ and its 95% interval are
+read from ``summary.json``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_bench.evaluation.metrics import MIN_ROUNDS, wilson
+from dspark_bench.report import gains
+from dspark_bench.report.gains import Samples, speedup, tau_gain
 from dspark_bench.report.inputs import Calibration, CellRow, Lossless, Profile
 from dspark_bench.report.load import Entry, Inputs, RunData
-from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key, fmt, fmt_ci, fmt_pct
+from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key, fmt, fmt_ci
 
-# A numeric cell ("5.68 [5.43, 5.93]", "+16.3%", "1.02×", "1e-12", "–", "(0.25, n=4)"): such columns are right-aligned.
-_NUMERIC = re.compile(r"[-+−–]?[\d.,]*\d(e[-+]?\d+)?\s*[%×]?( \[[-\d., ]+\])?|–|\(\d[\d.]*, n=\d+\)|")
+# A numeric cell ("5.68 [5.43, 5.93]", "+16.3% [+2.0%, +30.1%]", "1.02×", "1e-12", "–", "(0.25, n=4)", a gain withheld
+# for want of prompts, "n = 3 < 10: not shown"): such columns are right-aligned.
+_NUMERIC = re.compile(r"[-+−–]?[\d.,]*\d(e[-+]?\d+)?\s*[%×]?( \[[-+\d.,% ]+\])?|–|\(\d[\d.]*, n=\d+\)|"
+                      r"n = \d+ < \d+: not shown|")
 
 
 @dataclass(frozen=True)
@@ -104,27 +109,34 @@ def _suffix(label: str, drafter: str) -> str:
     return label.removeprefix(drafter)
 
 
-def gains_table(inputs: Inputs) -> Table | None:
-    """DSpark's relative gain over each baseline with the same variant suffix (domain means and macro)."""
+def gains_table(inputs: Inputs, samples: Samples) -> Table | None:
+    """DSpark's relative gain over each baseline with the same variant suffix (domain means and macro), each with
+    its 95% interval or withheld (:mod:`.gains`)."""
     g = grid(inputs)
-    by_label = {inputs.label(e): e.drafter for e in inputs.select("dataset")}
-    ours = [lab for lab in g.labels if by_label[lab] == "dspark"]
+    entries = {(inputs.label(e), e.name): e for e in inputs.select("dataset")}
+    by_label = {label: e.drafter for (label, _), e in entries.items()}
     rows = []
-    for mine in ours:
+    for mine in (lab for lab in g.labels if by_label[lab] == "dspark"):
         suffix = _suffix(mine, "dspark")
         for base in g.labels:
             if by_label[base] in ("dspark", "none") or _suffix(base, by_label[base]) != suffix:
                 continue
             m, b = g.means(mine), g.means(base)
-            rows.append((mine, base, *(fmt_pct(relative_gain(m[k], b[k])) for k in [*g.domains, "macro"])))
+            cells = []
+            for key, names in [*g.domains.items(), ("macro", g.datasets)]:
+                value = relative_gain(m[key], b[key])
+                pairs = [(entries[(mine, n)], entries[(base, n)]) for n in names if value is not None]
+                cells.append(tau_gain(value, [p[0] for p in pairs], [p[1] for p in pairs], samples).text())
+            rows.append((mine, base, *cells))
     if not rows:
         return None
     caption = ("τ_DSpark / τ_baseline − 1 of the domain means and macro average of the table above "
-               "(none, vanilla decoding, has τ = 1 by definition and is left out).")
+               "(none, vanilla decoding, has τ = 1 by definition and is left out). "
+               + gains.caption("the gain", samples)
+               + " Prompts are resampled within each dataset; n is the number of prompts in the cell's smallest "
+               "dataset.")
     return Table("Relative gain of DSpark over each baseline", ("DSpark", "baseline", *g.domains, "macro"),
                  tuple(rows), caption)
-
-
 
 
 @dataclass(frozen=True)
@@ -190,18 +202,46 @@ def _ms(p: Mapping[str, float] | None, key: str) -> str:
     return fmt(None if value is None else value * 1000, ".1f")
 
 
-def speed_table(inputs: Inputs) -> Table:
-    """Wall-clock numbers over all prompts, as recorded in summary.json."""
+def processes(run: RunData) -> int:
+    """How many processes timed a run's requests: one, or one per part of a merged run, plus one per resume."""
+    return max(len(run.manifest.get("parts") or ()), 1) + len(run.manifest.get("resumed") or ())
+
+
+def timing_note(runs: Sequence[RunData]) -> str:
+    """A note naming the runs whose timings come from several processes (resumed or merged runs), or ''."""
+    several = [r for r in runs if processes(r) > 1]
+    if not several:
+        return ""
+
+    def why(r: RunData) -> str:
+        parts, resumed = len(r.manifest.get("parts") or ()), r.manifest.get("resumed") or ()
+        said = [f"merged from {parts} run folders"] if parts else []
+        said += [f"resumed {len(resumed)}× (" + ", ".join(str(e.get("started", "?")) for e in resumed) + ")"] \
+            if resumed else []
+        return f"{r.name}: timings from {processes(r)} processes ({'; '.join(said)})"
+
+    resumed = any(r.manifest.get("resumed") for r in several)
+    return ("Note: " + "; ".join(why(r) for r in several) + ". Tokens/s pool requests timed by different "
+            "processes (perhaps on other machines, under other loads)"
+            + ("; in a resumed run a speedup may compare requests that were not timed side by side." if resumed
+               else "."))
+
+
+def speed_table(inputs: Inputs, samples: Samples) -> Table:
+    """Wall-clock numbers over all prompts, as recorded in summary.json; speedups with their intervals."""
     rows = []
     for e in sorted(inputs.select("all"), key=Inputs.order):
         m = e.metrics
+        gain = fmt(m.get("speedup_vs_none"), ".2f") + "×" if e.drafter == "none" else speedup(e, samples).text(True)
         rows.append((inputs.label(e), str(m.get("n_requests", "–")), str(m.get("n_errors", "–")), fmt(m.get("tau")),
-                     fmt(m.get("tokens_per_s"), ".1f"), fmt(m.get("speedup_vs_none"), ".2f") + "×",
+                     fmt(m.get("tokens_per_s"), ".1f"), gain,
                      *(_ms(m.get("ttft_s"), q) for q in ("p50", "p90", "p99")),
                      *(_ms(m.get("tpot_s"), q) for q in ("p50", "p90", "p99"))))
+    note = timing_note(inputs.runs)
     caption = ("tokens/s = decode tokens / decode seconds (the first token is timed in TTFT); speedup = tokens/s "
                "over `none` on the same prompts in the same run, median over repeats; TTFT and TPOT percentiles "
-               "over requests, in milliseconds. Definitions: dspark_bench/evaluation/metrics.py.")
+               "over requests, in milliseconds. Definitions: dspark_bench/evaluation/metrics.py. "
+               + gains.caption("the speedup", samples) + (f" {note}" if note else ""))
     cols = ("drafter", "prompts", "errors", "τ", "tokens/s", "speedup vs none", "TTFT p50 (ms)", "TTFT p90 (ms)",
             "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p90 (ms)", "TPOT p99 (ms)")
     return Table("Wall-clock speed (all prompts)", cols, tuple(rows), caption)
@@ -278,6 +318,7 @@ def manifest_table(run: RunData) -> Table:
         ("machine", ", ".join(f"{k}={v}" for k, v in machine.items() if v is not None)),
         ("git", _git_cell(run)),
         ("time", f"{m.get('started', '?')} → {m.get('finished', 'unfinished')}"),
+        *((("resumed", _resumed_cell(m["resumed"])),) if m.get("resumed") else ()),
         ("numbers from", run.summary_source),
     ]
     for name, info in drafters.items():
@@ -288,6 +329,16 @@ def manifest_table(run: RunData) -> Table:
         if arch:
             rows.append((f"drafter {name} architecture (as loaded)", ", ".join(f"{k}={v}" for k, v in arch.items())))
     return Table(f"Run {run.name}", ("field", "value"), tuple(rows))
+
+
+def _resumed_cell(resumed: Sequence[Mapping]) -> str:
+    """Each resume of a run (its manifest's ``resumed``): when, records kept, requests decoded, where."""
+    def one(e: Mapping) -> str:
+        git = (e.get("git") or {}).get("sha")
+        return (f"{e.get('started', '?')} → {e.get('finished', 'unfinished')}: kept {e.get('kept', '?')} records, "
+                f"decoded {e.get('requests', '?')} requests" + (f", at {str(git)[:10]}" if git else ""))
+
+    return "; ".join(one(e) for e in resumed)
 
 
 def _git_cell(run: RunData) -> str:

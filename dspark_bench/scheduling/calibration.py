@@ -206,7 +206,11 @@ def load_temperatures(path: str | Path) -> tuple[float, ...]:
     path = Path(path)
     if not path.is_file():
         raise CalibrationError(f"calibration file {path} not found; fit one with `dspark-bench calibrate`")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # ValueErrors whose message names no file
+        raise CalibrationError(f"{path} is not a readable calibration file, a UTF-8 JSON object ({exc}); fit "
+                               "one with `dspark-bench calibrate`") from None
     if not isinstance(data, dict) or set(data) - CALIBRATION_KEYS or "positions" not in data:
         raise CalibrationError(f"{path}: expected keys {sorted(CALIBRATION_KEYS)} with 'positions'")
     temps: dict[int, float] = {}

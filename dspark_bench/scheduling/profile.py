@@ -236,8 +236,15 @@ def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"profile {path} not found; measure one with `dspark-bench profile --out {path}`")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # ValueErrors whose message names no file
+        raise ProfileError(f"{path} is not a readable profile, a UTF-8 JSON object ({exc}); measure one with "
+                           f"`dspark-bench profile --out {path}`") from None
     names = {f.name for f in fields(Profile)}
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: a JSON {type(data).__name__}; a profile is a JSON object with keys "
+                           f"{sorted(_CORE)}")
     if not set(_CORE) <= set(data) <= names:
         raise ProfileError(f"{path}: keys {sorted(data)}; expected {sorted(_CORE)} and optionally "
                            f"{sorted(names - set(_CORE))}")

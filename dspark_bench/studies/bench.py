@@ -18,6 +18,7 @@ Every number is per repeat, with the median over repeats; ratios are medians of 
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -56,8 +57,8 @@ class BenchSpec:
     seed: int = 980406
 
     def __post_init__(self):
-        if self.repeats < 1 or self.limit < 1 or self.max_new_tokens < 1 or self.temperature < 0:
-            raise ValueError("repeats, limit and max_new_tokens must be >= 1 and temperature >= 0, got "
+        if self.repeats < 1 or self.limit < 1 or self.max_new_tokens < 1 or not (0 <= self.temperature < math.inf):
+            raise ValueError("repeats, limit and max_new_tokens must be >= 1 and temperature a finite number >= 0, got "
                              f"{self.repeats}, {self.limit}, {self.max_new_tokens}, {self.temperature}")
         if not self.concurrency or min(self.concurrency) < 1 or self.hf_batch < 0:
             raise ValueError(f"concurrency levels must be >= 1 and hf_batch >= 0, got {self.concurrency}, "

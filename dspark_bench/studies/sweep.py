@@ -29,6 +29,7 @@ from typing import Any
 from dspark_bench import drafters as drafter_registry
 from dspark_bench.core.records import RequestRecord
 from dspark_bench.drafters.checkpoint import shipped_folder
+from dspark_bench.drafters.registry import make_config
 from dspark_bench.engines.base import RunSpec
 from dspark_bench.engines.native.runner import Run, execute_together
 from dspark_bench.evaluation.metrics import acceptance, count_rounds, system_tokens_per_s, tokens_per_s
@@ -89,6 +90,20 @@ class SweepSpec:
     block_size: int = 7
     seed: int = 980406
     dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        """Unknown drafter names and options fail here, before a target loads or a profile is measured."""
+        known = drafter_registry.names()
+        for role, names in (("drafter", self.drafters), ("baseline", self.baselines)):
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ValueError(f"unknown {role} {', '.join(unknown)}; accepted: a comma list of the drafters "
+                                 f"{', '.join(known)}")
+        for name, options in self.drafter_options.items():
+            if name not in (*self.drafters, *self.baselines):
+                raise ValueError(f"drafter options for {name}, which is neither a swept drafter "
+                                 f"({', '.join(self.drafters)}) nor a baseline ({', '.join(self.baselines) or 'none'})")
+            make_config(name, options)  # an unknown option
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dspark_bench.evaluation.runs import read_json
+
 if TYPE_CHECKING:
     from dspark_bench.target.model import Target
     from dspark_bench.train.prompts import TrainPrompt
@@ -188,7 +190,7 @@ def _write_or_check_manifest(folder: Path, spec: GenerationSpec, prompts: Sequen
             "source": "dspark_bench.train.prompts.build_prompts (seed = spec.seed)"},
             "target_fingerprint": asdict(TargetFingerprint.of(target))}
     if path.exists():
-        have = json.loads(path.read_text())
+        have = read_json(path, _MANIFEST_HINT, DataError)
         diff = [k for k in ("format", "spec", "prompts", "target_fingerprint") if have.get(k) != want[k]]
         if diff:
             raise DataError(f"{folder} holds data generated with other settings ({', '.join(diff)} differ); "
@@ -205,18 +207,19 @@ def _complete_shards(path: Path, sizes: list[int]) -> set[int]:
     """Indices of complete shards in ``path``; rewrites the file without a torn line or incomplete shards."""
     if not path.exists():
         return set()
-    rows, done, torn = _parse_shards(path.read_text(), sizes)
+    rows, done, torn = _parse_shards(path, sizes)
     kept = [r for r in rows if r["shard"] in done]
     if len(kept) != len(rows) or torn:
         _atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
     return done
 
 
-def _parse_shards(text: str, sizes: Sequence[int]) -> tuple[list[dict], set[int], bool]:
+def _parse_shards(path: Path, sizes: Sequence[int]) -> tuple[list[dict], set[int], bool]:
     """(every whole row, the indices of shards holding all ``sizes[i]`` of their rows, whether a torn last line
-    was left out) of a responses file's text."""
-    lines = text.split("\n")
-    rows = [json.loads(line) for line in lines[:-1] if line.strip()]  # the last piece is "" or a torn line
+    was left out) of a responses file."""
+    lines = _text(path).split("\n")
+    rows = [_row(line, path, n, frozenset({"shard"})) for n, line in enumerate(lines[:-1], 1)
+            if line.strip()]  # the last piece is "" or a torn line
     counts = Counter(r["shard"] for r in rows)
     return rows, {i for i, c in counts.items() if i < len(sizes) and c == sizes[i]}, bool(lines[-1])
 
@@ -235,12 +238,38 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 # ---- reading ------------------------------------------------------------------------------------------------
+_MANIFEST_HINT = f"the {MANIFEST} that `dspark-bench data generate` writes (a JSON object)"
+_ROWS_HINT = f"{RESPONSES} holds one JSON object per line with keys {sorted(_ROW_KEYS)}"
+
+
+def _text(path: Path) -> str:
+    """A file's UTF-8 text; a byte that is not UTF-8 is reported with its file and line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); {_ROWS_HINT}") from None
+
+
+def _row(line: str, path: Path, n: int, keys: frozenset[str] = _ROW_KEYS) -> dict:
+    """Line ``n`` of a responses file: one generated row, a JSON object with (at least) ``keys``; every key of
+    :data:`_ROW_KEYS` unless only the shard matters (a crash may have left the rest of a row unwritten)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{n}: not valid JSON ({exc.msg}); {_ROWS_HINT}") from None
+    if not isinstance(row, dict) or not keys <= set(row) <= _ROW_KEYS:
+        have = sorted(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
+        raise DataError(f"{path}:{n}: keys {have}; {_ROWS_HINT}")
+    return row
+
+
 def read_manifest(folder: str | Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.is_file() or not (Path(folder) / RESPONSES).is_file():
         raise DataError(f"{folder} is not a training-data folder: it needs {MANIFEST} and {RESPONSES} "
                         "(make one with: dspark-bench data generate)")
-    manifest = json.loads(path.read_text())
+    manifest = read_json(path, _MANIFEST_HINT, DataError)
     if manifest.get("format") != FORMAT:
         raise DataError(f"{path}: unknown format {manifest.get('format')!r}, expected {FORMAT!r}")
     return manifest
@@ -248,14 +277,8 @@ def read_manifest(folder: str | Path) -> dict:
 
 def read_rows(folder: str | Path) -> list[dict]:
     read_manifest(folder)
-    rows = []
-    for n, line in enumerate((Path(folder) / RESPONSES).read_text().splitlines(), 1):
-        if line.strip():
-            row = json.loads(line)
-            if set(row) != _ROW_KEYS:
-                raise DataError(f"{folder}/{RESPONSES}:{n}: keys {sorted(row)}, expected {sorted(_ROW_KEYS)}")
-            rows.append(row)
-    return rows
+    path = Path(folder) / RESPONSES
+    return [_row(line, path, n) for n, line in enumerate(_text(path).splitlines(), 1) if line.strip()]
 
 
 def training_sequence(row: dict, max_length: int) -> TrainSequence:
@@ -281,7 +304,7 @@ def complete_rows(folder: str | Path) -> list[dict]:
     spec = read_manifest(folder)["spec"]
     n, size = int(spec["n"]), int(spec["shard_size"])
     sizes = [min(size, n - start) for start in range(0, n, size)]
-    rows, done, _ = _parse_shards((Path(folder) / RESPONSES).read_text(), sizes)
+    rows, done, _ = _parse_shards(Path(folder) / RESPONSES, sizes)
     return [r for r in rows if r["shard"] in done]
 
 

@@ -8,7 +8,8 @@ Determinism. The sequences of step s are a pure function of (seed, s) (:func:`ba
 ``randperm(N, seed + e)``, cut into ``N // batch_size`` batches), and anchors come from one CPU
 ``torch.Generator`` seeded with ``seed``. A checkpoint stores the model (the drafter's own format, loadable by
 the engine), the optimizer, scheduler and generator states and the step, so ``resume`` continues bit-exactly
-where the last checkpoint left off (on the same device).
+where the last checkpoint left off (on the same device). ``resume=True`` needs such a checkpoint
+(:func:`resume_point`); ``resume="if-any"`` (for scripts that are rerun until done) starts afresh without one.
 
 Continued training: ``init_from`` starts a new run (fresh optimizer, warm-up and cosine) from a drafter
 checkpoint's weights, e.g. a shipped drafter given a longer budget; the run records the checkpoint's sha256.
@@ -307,9 +308,29 @@ def completed_checkpoints(out: Path) -> list[Path]:
     return sorted(p.parent for p in (Path(out) / "checkpoints").glob(f"step-*/{STATE}"))
 
 
-def _prepare(out: Path, config: TrainConfig, resume: bool) -> Path | None:
+RESUME_IF_ANY = "if-any"  # resume from the last checkpoint if there is one, else start afresh
+
+
+def resume_point(out: str | Path) -> Path:
+    """The last completed checkpoint of the training run in ``out``; a :class:`TrainError` that says how to start
+    afresh where there is none (a resume must never silently be a fresh run)."""
+    out = Path(out)
+    if not (out / "train_config.json").exists():
+        raise TrainError(f"--resume: {out} holds no training run to resume (no train_config.json); run without "
+                         "--resume to start one there")
+    done = completed_checkpoints(out)
+    if not done:
+        raise TrainError(f"--resume: {out} holds no completed checkpoint (checkpoints/step-*/{STATE}): the run "
+                         f"stopped before its first save; to start it afresh, delete {out} (or choose a new --out) "
+                         "and run without --resume")
+    return done[-1]
+
+
+def _prepare(out: Path, config: TrainConfig, resume: bool | str) -> Path | None:
     """Write (or, on resume, check) ``train_config.json``; returns the checkpoint to resume from, if any."""
     path, text = out / "train_config.json", config_json(config)
+    if resume not in (False, True, RESUME_IF_ANY):
+        raise TrainError(f"resume={resume!r}: accepted False, True or {RESUME_IF_ANY!r}")
     if path.exists() and not resume:
         raise TrainError(f"{out} already holds a training run; pass --resume to continue it, or use a new --out")
     if path.exists():
@@ -318,6 +339,8 @@ def _prepare(out: Path, config: TrainConfig, resume: bool) -> Path | None:
         if diff:
             raise TrainError(f"cannot resume {out}: settings differ in {', '.join(diff)} "
                              f"(recorded {json.dumps({k: have.get(k) for k in diff})})")
+    if resume is True:
+        resume_point(out)
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
     done = completed_checkpoints(out)
@@ -350,7 +373,7 @@ def _truncate_log(path: Path, step: int) -> None:
 
 
 def train(config: TrainConfig, method: Method, target, sequences: Sequence[TrainSequence], features: FeatureSource,
-          out: str | Path, resume: bool = False, on_step: Callable[[StepRecord], None] | None = None,
+          out: str | Path, resume: bool | str = False, on_step: Callable[[StepRecord], None] | None = None,
           heldout: Scorer | None = None, heldout_every: int = 0) -> Path:
     """Run (or resume) training to ``config.steps``; returns the folder of the final drafter checkpoint.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 
 import pytest
@@ -35,7 +36,9 @@ def test_unknown_scheduler_lists_known():
 
 @pytest.mark.parametrize("args, needle", [
     (["--block-size", "0"], "block size must be >= 1"),
-    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),
+    (["--temperature", "inf"], "temperature must be a finite number >= 0, got inf"),
     (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
     (["--limit", "zero"], "positive integer"),
     (["--drafter-opt", "ngram:max=3"], "DRAFTER.OPTION=VALUE"),
@@ -139,6 +142,11 @@ def _one_line(res) -> str:
     (["--drafter", "none", "--limit", "0"], ["--limit 0", "positive integer", "'all'"]),
     (["--drafter", "none", "--concurrency", "two"], ["'two' is not a valid integer", "run --help)"]),
     (["--drafter", "none", "--target", "not a model"], ["unknown target 'not a model'", "hub id"]),
+    (["--drafter", ""], ["--drafter '' names no drafter", "leave --drafter out"]),
+    (["--drafter", " , "], ["names no drafter"]),
+    (["--drafter", "none,ngram,none"], ["none named more than once"]),
+    (["--drafter", "none", "--temperature", "nan"], ["temperature must be a finite number >= 0, got nan"]),
+    (["--drafter", "none", "--engine", "vllm", "--temperature", "-inf"], ["temperature must be a finite number"]),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_work(no_work, args, needles):
     line = _one_line(_run(*args))
@@ -255,3 +263,153 @@ def test_check_lossless_keeps_commas_inside_a_schedulers_brackets(monkeypatch, t
     assert res.exit_code == 2 and "stop before any decoding" in res.output, res.output
     assert seen["drafters"] == ["none", "ngram"]
     assert seen["schedulers"] == ["fixed", "threshold[theta=0.5,calibration=c.json]", "async[lag=1]"]
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "--drafter", "none", "--limit", "1"],
+    ["bench", "--limit", "1"],
+    ["compare-engines"],
+    ["export", "--format", "vllm"],
+    ["check-lossless", "--drafter", "none"],
+    ["check-lossless", "--engine", "vllm"],
+])
+@pytest.mark.parametrize("under", [False, True])
+def test_an_out_that_is_a_file_or_under_one_is_refused_before_any_work(no_work, monkeypatch, tmp_path, command,
+                                                                      under):
+    import dspark_bench.lossless as battery
+    from dspark_bench.engines.vllm import export
+
+    monkeypatch.setattr(battery, "run_battery", lambda **k: pytest.fail("the battery ran before --out was checked"))
+    monkeypatch.setattr(export, "export_vllm", lambda *a: pytest.fail("exported before --out was checked"))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    out = blocker / "sub" if under else blocker
+    line = _one_line(CliRunner().invoke(main, [*command, "--out", str(out)]))
+    assert (f"--out {out}: {blocker} is a file, so no folder can be made under it" if under
+            else f"--out {out} is a file, not a folder") in line, line
+
+
+# ---- runs of a tiny target saved as a model folder (context 64 positions, one token per word) -----------------
+TINY_CONTEXT = 64
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A tiny random-weight Llama and a word-level tokenizer (no chat template), saved as a model folder."""
+    from conftest import tiny_target
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    target = tiny_target("llama")
+    target.model.config.max_position_embeddings = TINY_CONTEXT
+    target.model.save_pretrained(folder)
+    words = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "<unk>", *(f"w{i}" for i in range(92))])}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(folder)
+    return folder
+
+
+def _suite(tmp_path, *words: int):
+    """A prompt file with one prompt of n words (n tokens) per argument."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"turns": [" ".join(f"w{j % 90}" for j in range(n))]}) + "\n" for n in words))
+    return path
+
+
+def _tiny_run(folder, suite, out, *args):
+    return _run("--target", str(folder), "--suite", str(suite), "--limit", "all", "--max-new-tokens", "4",
+                "--dtype", "fp32", "--out", str(out), *args)
+
+
+def test_a_prompt_beyond_the_targets_context_is_refused_before_the_model_loads(no_work, tiny_folder, tmp_path):
+    suite = _suite(tmp_path, 5, 61, 70)
+    line = _one_line(_tiny_run(tiny_folder, suite, tmp_path / "r", "--drafter", "none"))
+    assert "prompt prompts-0001 (prompts) has 61 tokens: with --max-new-tokens 4 it needs 65 positions, beyond the " \
+           "target's context (max_position_embeddings) of 64 (1 more prompts are too long)" in line, line
+    assert "--truncate left|right" in line and not (tmp_path / "r").exists()
+
+
+def test_truncate_cuts_long_prompts_and_the_manifest_lists_them(tiny_folder, tmp_path):
+    from dspark_bench.evaluation.runs import read_manifest, read_records
+
+    res = _tiny_run(tiny_folder, _suite(tmp_path, 5, 60, 70), tmp_path / "r", "--drafter", "none",
+                    "--truncate", "left")
+    assert res.exit_code == 0, res.output
+    manifest, records = read_manifest(tmp_path / "r"), read_records(tmp_path / "r")
+    assert manifest["args"]["truncate"] == "left"
+    cut = manifest["truncated"]
+    assert [(c["prompt_tokens"], c["kept_tokens"]) for c in cut] == [(70, 60)]
+    lengths = {r.prompt_id: r.prompt_len for r in records if r.drafter == "none"}
+    assert sorted(lengths.values()) == [5, 60, 60] and lengths[cut[0]["prompt_id"]] == 60
+    assert all(r.ok for r in records)
+
+
+def test_a_run_with_failed_requests_exits_1_after_writing_everything(tiny_folder, tmp_path, monkeypatch):
+    from dspark_bench.drafters.ngram import NgramDrafter
+
+    def blow_up(self, ctx):
+        raise RuntimeError("drafter blew up")
+
+    monkeypatch.setattr(NgramDrafter, "propose", blow_up)
+    suite = _suite(tmp_path, 5, 8)
+    res = _tiny_run(tiny_folder, suite, tmp_path / "r", "--drafter", "none,ngram")
+    assert res.exit_code == 1, res.output
+    assert all((tmp_path / "r" / f).is_file() for f in ("manifest.json", "records.jsonl", "summary.json"))
+    text = " ".join(res.output.split())
+    assert "error: 2 of 4 requests failed (ngram 2 of 2); see status 'error' in " in text, text
+    assert "records.jsonl (first: RuntimeError: drafter blew up)" in text and "--allow-errors" in text
+    res = _tiny_run(tiny_folder, suite, tmp_path / "r2", "--drafter", "none,ngram", "--allow-errors")
+    assert res.exit_code == 0 and "warning: 2 of 4 requests failed" in " ".join(res.output.split()), res.output
+    res = _run("--resume", str(tmp_path / "r"))  # the run is complete, and still holds its failed requests
+    assert res.exit_code == 1 and "nothing to resume" in res.output
+    assert _run("--resume", str(tmp_path / "r"), "--allow-errors").exit_code == 0
+
+
+def test_a_run_without_failed_requests_exits_0(tiny_folder, tmp_path):
+    res = _tiny_run(tiny_folder, _suite(tmp_path, 5), tmp_path / "r", "--drafter", "none")
+    assert res.exit_code == 0 and "error" not in res.output.replace("errors", ""), res.output
+
+
+def test_vllm_refuses_an_engine_option_of_the_wrong_type_or_a_prompt_beyond_max_model_len(no_work, monkeypatch,
+                                                                                          tiny_folder, tmp_path):
+    """Before vLLM starts and before anything is written (vLLM's option classes faked: it is not installed here)."""
+    import dataclasses
+
+    from dspark_bench.engines.vllm import engine, llm
+
+    @dataclasses.dataclass
+    class EngineArgs:
+        seed: int | None = None
+        max_model_len: int | None = None
+
+    monkeypatch.setattr(engine, "require_vllm", lambda: None)
+    monkeypatch.setattr(llm, "option_classes", lambda: (EngineArgs, EngineArgs))
+    monkeypatch.setattr(llm, "platform_defaults", lambda: {})
+    suite = _suite(tmp_path, 5, 30)
+    line = _one_line(_tiny_run(tiny_folder, suite, tmp_path / "r", "--engine", "vllm", "--drafter", "none",
+                               "--engine-opt", "seed=abc"))
+    assert '--engine-opt seed="abc": vLLM takes int or null for seed' in line
+    line = _one_line(_tiny_run(tiny_folder, suite, tmp_path / "r", "--engine", "vllm", "--drafter", "none",
+                               "--engine-opt", "max_model_len=32"))
+    assert "has 30 tokens: with --max-new-tokens 4 it needs 34 positions, beyond --engine-opt max_model_len of 32" \
+        in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_requests_a_dead_worker_left_undecoded_fail_the_run_too(tmp_path):
+    from dspark_bench.cli.run import fail_on_errors
+    from dspark_bench.evaluation.runs import RunWriter
+
+    missing = [{"dataset": "chat", "prompt_id": "c1", "drafter": "none", "repeat": 0}]
+    with RunWriter(tmp_path / "r", {"schema_version": 1, "unfinished": missing}):
+        pass
+    with pytest.raises(SystemExit) as stop:
+        fail_on_errors(tmp_path / "r", allow_errors=False)
+    assert stop.value.code == 1
+    fail_on_errors(tmp_path / "r", allow_errors=True)  # a warning, no exit
+    with RunWriter(tmp_path / "ok", {"schema_version": 1, "unfinished": []}):
+        pass
+    fail_on_errors(tmp_path / "ok", allow_errors=False)

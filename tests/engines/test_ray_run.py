@@ -76,3 +76,22 @@ def test_two_ray_workers_write_the_single_process_run(tmp_path):
     for key, a in groups[0].items():
         diff = sorted(k for k in a if a[k] != groups[1][key].get(k))
         assert diff == [], (key, diff)
+
+
+def test_the_joined_manifest_lists_the_prompts_every_worker_cut(tmp_path):
+    from dspark_bench.engines.base import RunSpec
+    from dspark_bench.engines.native.ray import join_shards
+    from dspark_bench.evaluation.suites import Prompt
+
+    prompts = [Prompt("d", "custom", f"p{i}", i, "text") for i in range(3)]
+    folders = [tmp_path / "shards" / f"worker-{i}" for i in range(2)]
+    cuts = [[{"dataset": "d", "prompt_id": "p0", "prompt_tokens": 90, "kept_tokens": 60}],
+            [{"dataset": "d", "prompt_id": "p2", "prompt_tokens": 70, "kept_tokens": 60}]]
+    for folder, cut in zip(folders, cuts, strict=True):
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps({"schema_version": 1, "truncated": cut}))
+        (folder / "records.jsonl").write_text("")
+    spec = RunSpec(drafters=("none",), truncate="left")
+    join_shards(spec, prompts, tmp_path, [[0, 1], [2]], folders, {0: "ok", 1: "ok"}, None)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["truncated"] == cuts[0] + cuts[1] and manifest["args"]["truncate"] == "left"

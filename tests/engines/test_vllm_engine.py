@@ -3,7 +3,10 @@ records that the summary reads like ours. The real vLLM runs are in ``test_vllm_
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from types import SimpleNamespace
+from typing import Literal
 
 import pytest
 
@@ -134,3 +137,152 @@ def test_requests_go_in_one_call_when_vllm_holds_the_concurrency():
     assert groups(reqs, 2, hold=True) == [reqs]
     assert groups(reqs, 2, hold=False) == [reqs[0:2], reqs[2:4], reqs[4:5]]
     assert groups([], 2, hold=True) == []
+
+
+# ---- checks before vLLM starts (fakes of vLLM's option classes; no vLLM needed) ----------------------------
+@dataclasses.dataclass
+class _FakeEngineArgs:
+    model: str = ""
+    seed: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    hf_overrides: dict | None = None
+
+
+@dataclasses.dataclass
+class _FakeSpeculativeConfig:
+    enable_adaptive_verification: bool = False
+
+
+@pytest.fixture
+def fake_vllm_options(monkeypatch):
+    """vLLM's EngineArgs and SpeculativeConfig replaced by small dataclasses of the same kinds of fields."""
+    from dspark_bench.engines.vllm import llm
+
+    monkeypatch.setattr(llm, "option_classes", lambda: (_FakeEngineArgs, _FakeSpeculativeConfig))
+    monkeypatch.setattr(llm, "platform_defaults", lambda: {})
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("seed=abc", 'seed="abc": vLLM takes int or null for seed'),
+    ("seed=true", "seed=true: vLLM takes int or null"),
+    ("seed=1.5", "seed=1.5"),
+    ("enforce_eager=1", "enforce_eager=1: vLLM takes bool"),
+    ("kv_cache_dtype=3", "kv_cache_dtype=3: vLLM takes str"),
+    ("enable_adaptive_verification=yes", "vLLM takes bool for enable_adaptive_verification"),
+])
+def test_engine_options_of_the_wrong_type_are_refused_before_vllm_starts(fake_vllm_options, item, needle):
+    from dspark_bench.engines.vllm.llm import split_options
+
+    with pytest.raises(VllmError, match=re.escape(needle)):
+        split_options(parse_engine_options([item]))
+
+
+def test_engine_options_of_the_right_type_and_unchecked_kinds_pass(fake_vllm_options):
+    from dspark_bench.engines.vllm.llm import check_option_types, split_options
+
+    fixes, llm, spec = split_options(parse_engine_options(
+        ["seed=3", "seed=null", "gpu_memory_utilization=1", "kv_cache_dtype=fp8", 'hf_overrides={"a": 1}',
+         "enable_adaptive_verification=true"]))
+    assert llm == {"seed": None, "gpu_memory_utilization": 1, "kv_cache_dtype": "fp8", "hf_overrides": {"a": 1}}
+    assert spec == {"enable_adaptive_verification": True} and fixes == ()
+
+    @dataclasses.dataclass
+    class Unresolvable:
+        seed: NoSuchType = None  # noqa: F821 - an annotation this process cannot resolve is left to vLLM
+
+    check_option_types({"seed": "abc"}, Unresolvable)
+
+
+class _Tokenizer:
+    """One id per character, no chat template."""
+
+    chat_template = None
+
+    def __call__(self, text, **kwargs):
+        return {"input_ids": [3 + (ord(c) % 90) for c in text]}
+
+
+def test_a_prompt_beyond_max_model_len_is_refused_or_cut():
+    from dspark_bench.engines.base import RunSpec
+    from dspark_bench.engines.vllm.run import context_limit, vllm_requests
+    from dspark_bench.evaluation.suites import Prompt
+
+    config = SimpleNamespace(max_position_embeddings=8192)
+    prompts = [Prompt("ds", "custom", "p0", 0, "a" * 10), Prompt("ds", "custom", "p1", 1, "b" * 30)]
+    limit = context_limit({"max_model_len": 32}, config)
+    assert limit == (32, "--engine-opt max_model_len") and context_limit({}, config)[0] == 8192
+    with pytest.raises(ValueError, match=r"prompt p1 \(ds\) has 30 tokens.* beyond --engine-opt max_model_len of 32"):
+        vllm_requests(_Tokenizer(), prompts, RunSpec(max_new_tokens=8), limit)
+    requests, cut = vllm_requests(_Tokenizer(), prompts, RunSpec(max_new_tokens=8, truncate="right"), limit)
+    assert [len(r.prompt_ids) for r in requests] == [10, 24] and requests[1].seed == 980406 + 1
+    assert cut == [{"dataset": "ds", "prompt_id": "p1", "prompt_tokens": 30, "kept_tokens": 24}]
+    with pytest.raises(VllmError, match="max_model_len='long': give a positive integer"):
+        context_limit({"max_model_len": "long"}, config)
+
+
+def test_max_model_len_leaves_room_for_a_block_within_the_targets_context(fake_vllm_options):
+    from dspark_bench.engines.base import RunSpec
+    from dspark_bench.engines.vllm.run import settings_for
+
+    spec = RunSpec(drafters=("none",), max_new_tokens=8, block_size=3)
+    requests = [VllmRequest((1,) * 50, 1, "d", "custom", "p", 0)]
+    assert settings_for(spec, "m", requests, {}, None)["none"].max_model_len == 50 + 8 + 3 + 1
+    assert settings_for(spec, "m", requests, {}, 60)["none"].max_model_len == 60
+    assert settings_for(spec, "m", requests, {"max_model_len": 59}, 60)["none"].max_model_len == 59
+
+
+def _fake_run(monkeypatch, tmp_path, open_llm):
+    """A VllmRun of two drafters whose tokenizer, config and LLM are fakes."""
+    from dspark_bench.engines.base import RunSpec
+    from dspark_bench.engines.vllm import run as vrun
+    from dspark_bench.evaluation.suites import Prompt
+    from dspark_bench.target import model
+
+    req = VllmRequest((1, 2, 3), 980406, "ds", "custom", "p0", 0)
+    monkeypatch.setattr(vrun, "require_vllm", lambda: None)
+    monkeypatch.setattr(model, "resolve_target", lambda name, cache_dir=None: "fake-model")
+    config = SimpleNamespace(vocab_size=96, num_hidden_layers=1, hidden_size=8, architectures=[],
+                             max_position_embeddings=64)
+    monkeypatch.setattr(vrun, "fitted_requests", lambda *a: (config, [req], []))
+    monkeypatch.setattr(vrun, "open_llm", open_llm)
+    spec = RunSpec(drafters=("none", "ngram"), max_new_tokens=8, warmup=False)
+    prompts = [Prompt("ds", "custom", "p0", 0, "abc")]
+    return vrun.VllmRun(spec, prompts, tmp_path / "run"), req
+
+
+def test_a_vllm_run_that_fails_to_start_leaves_nothing_that_blocks_a_rerun(fake_vllm_options, monkeypatch, tmp_path):
+    def refuse(settings, name):
+        raise VllmError("seed: Input should be a valid integer")
+
+    run, _ = _fake_run(monkeypatch, tmp_path, refuse)
+    with pytest.raises(VllmError, match="valid integer"):
+        run.execute()
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()  # a folder the user made is kept, emptied of what the run wrote
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(VllmError):
+        run.execute()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["notes.txt"]
+
+
+def test_a_vllm_run_that_fails_after_recording_keeps_its_records(fake_vllm_options, monkeypatch, tmp_path):
+    from dspark_bench.evaluation.runs import read_records
+
+    def first_only(settings, name):
+        if name == "ngram":
+            raise VllmError("out of memory")
+        engine = SimpleNamespace(holds_concurrency=True, counter_check=[], wall_s=1.0, output_tokens=9,
+                                 per_request=False, drafter=name, close=lambda: None)
+        engine.run = lambda group, *a: [record_of(req, name, 0, 1, _output([5] * 9, "length"),
+                                                  rounds_from_steps([], [], 9))]
+        return engine
+
+    run, req = _fake_run(monkeypatch, tmp_path, first_only)
+    with pytest.raises(VllmError, match="out of memory"):
+        run.execute()
+    assert [r.drafter for r in read_records(tmp_path / "run")] == ["none"]
+    assert (tmp_path / "run" / "manifest.json").is_file()

@@ -12,11 +12,13 @@ from dspark_bench.cli.main import main
 from dspark_bench.core.records import RequestRecord
 from dspark_bench.evaluation.gate import (
     GateError,
+    SettingMismatch,
     Tolerances,
     compare,
     position_checks,
     ratio_interval,
     seed_interval,
+    settings_mismatches,
     snapshot,
     tau_check,
     write_baseline,
@@ -34,11 +36,12 @@ def _rounds(rng, mean_accept: float, n_rounds: int):
 
 
 def _write_run(folder, seed, mean_accept, temperature=1.0, n_prompts=40, drafter="dspark", greedy_same=True,
-               errors=0, slow=1.1, repeats=1):
+               errors=0, slow=1.1, repeats=1, settings=None):
     """A synthetic run of ``none`` and ``drafter``: ``errors`` of the drafter's requests failed; its decode takes
-    ``slow`` x none's time per round (times jitter by 5% per repeat and request)."""
+    ``slow`` x none's time per round (times jitter by 5% per repeat and request). ``settings``: more manifest args."""
     rng = np.random.default_rng(seed)
-    manifest = {"schema_version": 1, "args": {"block_size": GAMMA, "temperature": temperature, "seed": seed}}
+    manifest = {"schema_version": 1, "args": {"block_size": GAMMA, "temperature": temperature, "seed": seed,
+                                              **(settings or {})}}
     records = []
     with RunWriter(folder, manifest) as w:
         for repeat in range(repeats):
@@ -144,6 +147,53 @@ def test_cli_gate_and_baseline_update(tmp_path):
     worse = _write_run(tmp_path / "worse", 6, 2.5)
     bad = runner.invoke(main, ["gate", "--baseline", str(tmp_path / "bl" / "demo"), str(worse)])
     assert bad.exit_code == 1 and "regression" in bad.output
+
+
+GATE_ARGS = {"target": "smollm2-135m", "suite": "all", "limit": 10, "skip": 0, "max_new_tokens": 32, "dtype": "fp32",
+             "concurrency": 8, "scheduler": "fixed", "scheduler_options": {}, "profile": None, "warmup": True,
+             "block_size": 7, "drafters": ["none", "dspark"], "drafter_options": {}, "repeats": 1}
+
+
+def test_settings_are_compared_with_the_baseline_runs_of_the_same_kind():
+    sampled = {**GATE_ARGS, "temperature": 1.0, "seed": 1}
+    greedy = {**GATE_ARGS, "temperature": 0.0, "limit": 2, "concurrency": 1, "seed": 1}
+    sources = [{"args": sampled}, {"args": {**sampled, "seed": 2}}, {"args": greedy}]
+    fresh = {"t1": {**sampled, "seed": 9, "repeats": 3, "drafters": ["none"],  # judged, not settings
+                    "drafter_options": {"dspark": {"perturb": "1.5"}}},
+             "t0": {**greedy, "seed": 9}}
+    assert settings_mismatches(sources, fresh) == []
+    other = {"t1": {**sampled, "dtype": "bf16", "max_new_tokens": 16, "suite": "math"},
+             "t0": {**greedy, "concurrency": 8, "engine": "vllm"}}
+    assert settings_mismatches(sources, other) == [
+        SettingMismatch("t1", "dtype", "bf16", ("fp32",)), SettingMismatch("t1", "suite", "math", ("all",)),
+        SettingMismatch("t1", "max_new_tokens", 16, (32,)), SettingMismatch("t0", "engine", "vllm", ("dspark",)),
+        SettingMismatch("t0", "concurrency", 8, (1,))]
+    assert str(SettingMismatch("t0", "scheduler_options", {"theta": 1}, ({},))) == \
+        'scheduler_options {"theta": 1} (baseline: {})'
+    assert settings_mismatches(sources, {"old": {"temperature": 0.7, "block_size": 7}}) == [  # others unrecorded
+        SettingMismatch("old", "temperature", 0.7, (1.0,))]
+    assert settings_mismatches([{"args": greedy}], {"t1": {**sampled, "dtype": "bf16"}}) == []  # nothing to compare
+
+
+def test_cli_gate_refuses_other_settings_unless_allowed_and_negative_tolerances(tmp_path):
+    base = _write_run(tmp_path / "base", 1, 3.0, settings=GATE_ARGS)
+    write_baseline([base], tmp_path / "bl")
+    other = _write_run(tmp_path / "other", 5, 3.0, settings={**GATE_ARGS, "dtype": "bf16", "max_new_tokens": 16})
+    runner = CliRunner()
+    args = ["gate", "--baseline", str(tmp_path / "bl"), str(other)]
+    refused = runner.invoke(main, args)
+    text = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and refused.output.startswith("error:"), refused.output
+    assert f"{other} was made with dtype bf16 (baseline: fp32), max_new_tokens 16 (baseline: 32)" in text
+    assert "--allow-settings-mismatch" in text and "regression" not in text
+    allowed = runner.invoke(main, [*args, "--allow-settings-mismatch"])
+    assert allowed.exit_code == 0 and "warning: settings differ" in allowed.output, allowed.output
+    assert runner.invoke(main, ["gate", "--baseline", str(tmp_path / "bl"), str(base)]).exit_code == 0
+    for option in ("--tau-tol", "--position-tol", "--speedup-tol"):
+        bad = runner.invoke(main, [*args, option, "-0.05"])
+        assert bad.exit_code == 2 and f"'{option}': -0.05 is not in the range 0<=x<1" in bad.output
+    with pytest.raises(GateError, match="tau tolerance -0.1"):
+        Tolerances(tau=-0.1)
 
 
 def test_write_baseline_records_sources(tmp_path):

@@ -269,6 +269,39 @@ def test_cli_writes_results_next_to_records(tiny_chat, tmp_path, monkeypatch):
     assert '"tau": 1.0' in result.output
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--tasks", "dspark_gsm8c"], "unknown lm-eval task(s) dspark_gsm8c (near: dspark_gsm8k)"),
+    (["--tasks", ","], "--tasks names no task"),
+    (["--model-args", "drafter=nosuch"], "unknown drafter 'nosuch'; known drafters: dflash"),
+    (["--model-args", "garbage"], "dspark model has no argument 'garbage'; accepted: target, drafter"),
+    (["--model-args", "temperature=hot"], "temperature='hot' is not a valid float"),
+    (["--model-args", "drafter=ngram,drafter.maxx=3"], "'ngram' has no option(s) maxx; its options: max_ngram"),
+    (["--model-args", "scheduler=nope"], "unknown scheduler 'nope'; known schedulers:"),
+    (["--model-args", "dtype=fp64"], "dtype='fp64': accepted bf16, fp32, fp16"),
+    (["--model-args", "max_gen_toks=0"], "max_gen_toks=0: give an integer >= 1"),
+    (["--model-args", "batch_size=4"], "give the batch size with --batch-size"),
+    (["--gen-kwargs", "top_p=0.5"], "no generation argument top_p; accepted: do_sample"),
+    (["--limit", "abc"], "--limit 'abc': give a positive count"),
+])
+def test_cli_refuses_bad_input_in_one_line_before_the_model_loads(args, says, monkeypatch):
+    from click.testing import CliRunner
+
+    import dspark_bench.lmeval as package
+    from dspark_bench.cli.lmeval import lm_eval_command
+
+    def no_load(cls, *a, **k):
+        raise AssertionError("the target was loaded")
+
+    monkeypatch.setattr(Target, "load", classmethod(no_load))
+    fast = task_manager(["dspark_gsm8k"])  # our tasks only: lm-eval's index of its own takes ~20 s
+    monkeypatch.setattr(package, "task_manager", lambda names, include=(): fast)
+    given = [a for a in args if a.startswith("--")]
+    result = CliRunner().invoke(lm_eval_command, [*args, *([] if "--tasks" in given else ["--tasks", "dspark_gsm8k"])])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error:") and len(result.output.strip().splitlines()) == 1, result.output
+    assert says in result.output
+
+
 class _Canonical(LM):
     """Answers each HumanEval prompt with its canonical solution (or a wrong one) in a fenced block."""
 

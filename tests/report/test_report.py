@@ -125,10 +125,8 @@ def test_hand_made_run_numbers_come_from_summary(tmp_path):
     assert "| dspark | 5.68 [5.43, 5.93] | 4.57 [4.32, 4.82] | 5.12 | 4.90 [4.65, 5.15] | 4.90 | 3.01" in md
     macro = statistics.fmean(TAU["dspark"].values())
     assert f"| {macro:.3f} |" in md  # macro average = mean of the four dataset values
-    ours, base = TAU["dspark"], TAU["dflash"]
-    gains = [statistics.fmean([ours[d] for d in ds]) / statistics.fmean([base[d] for d in ds]) - 1
-             for ds in (("gsm8k", "aime25"), ("humaneval",), ("chat",), tuple(ours))]
-    assert "| dspark | dflash | " + " | ".join(f"{g:+.1%}" for g in gains) + " |" in md
+    # 3 prompts per dataset: the relative gains are withheld (tests/report/test_gains.py shows them with intervals)
+    assert "| dspark | dflash | " + " | ".join(["n = 3 < 10: not shown"] * 4) + " |" in md
     assert "| dspark | 3 | 0 | " in md and "| 12.3 | 45.6 | 78.9 |" in md  # TTFT percentiles in ms
     assert set(res.sections) >= {"table1", "positions", "histogram", "speed", "manifest"}
     missing = {m.key: m.reason for m in res.missing}

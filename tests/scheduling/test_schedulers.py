@@ -342,6 +342,37 @@ def test_cli_commands_parse():
     assert bad.exit_code == 2 and "unknown scheduler 'nope'" in bad.output
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--baseline", "none,foo"], "unknown baseline foo; accepted: a comma list of the drafters dflash, dspark"),
+    (["--drafter", "dspak"], "unknown drafter dspak; accepted"),
+    (["--drafter-opt", "eagle3.checkpoint=x"], "drafter options for eagle3, which is neither a swept drafter"),
+    (["--drafter-opt", "dspark.nope=1"], "'dspark' has no option(s) nope"),
+])
+def test_sweep_refuses_unknown_drafters_before_the_target_loads(args, says, monkeypatch):
+    from click.testing import CliRunner
+
+    from dspark_bench.cli import scheduling
+
+    def no_load(*a):
+        raise AssertionError("the target was loaded")
+
+    monkeypatch.setattr(scheduling, "_load_target", no_load)
+    result = CliRunner().invoke(scheduling.sweep, args)
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+
+
+def test_measuring_a_profile_says_what_it_measures_and_how_long_it_took(capsys):
+    from dspark_bench.cli.scheduling import measure_full_profile
+
+    result = measure_full_profile(tiny_target(), 8, (16,), 2, 1, (1, 2), ("ngram",), {}, 2)
+    assert result.verify is not None and "ngram" in result.draft
+    err = " ".join(capsys.readouterr().err.split())
+    for stage in ("measuring steps/s of the target: 8 batch sizes x 1 contexts", "measuring verify grid: 2 row counts",
+                  "measuring round costs of ngram and the engine"):
+        assert stage in err
+    assert err.count("done in") == 3
+
+
 def test_simulate_replays_one_drafter(tmp_path):
     """A run folder with several drafters must not be replayed as one population: simulate asks for --drafter,
     and with it replays exactly that drafter's fixed-length records."""

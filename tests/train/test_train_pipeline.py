@@ -295,6 +295,40 @@ def test_resume_is_bit_exact(target, tmp_path):
     assert [p.name for p in trainer.completed_checkpoints(tmp_path / "b")] == ["step-000003", "step-000006"]
 
 
+def test_resume_with_nothing_to_resume_is_refused_unless_asked_to_start_afresh(target, tmp_path):
+    seqs, m = sequences(7), standin_method()
+    config = trainer.TrainConfig("standin", steps=4, batch_size=3, save_every=3, lr=1e-2, warmup=1)
+    source = features.OnlineFeatures(target, (2,))
+    with pytest.raises(trainer.TrainError, match="no training run to resume .* run without --resume"):
+        trainer.train(config, m, target, seqs, source, tmp_path / "empty", resume=True)
+    assert not (tmp_path / "empty").exists()
+    with pytest.raises(Interrupt):  # stopped before its first checkpoint (step 3)
+        trainer.train(config, m, target, seqs, source, tmp_path / "early", on_step=_stop_at(2))
+    with pytest.raises(trainer.TrainError, match="no completed checkpoint .* delete .* without --resume"):
+        trainer.train(config, m, target, seqs, source, tmp_path / "early", resume=True)
+    fresh = trainer.train(config, m, target, seqs, source, tmp_path / "fresh")
+    for name in ("early", "new"):  # "if-any": the run is started afresh, as a fresh run
+        again = trainer.train(config, m, target, seqs, source, tmp_path / name, resume=trainer.RESUME_IF_ANY)
+        a, b = _weights(fresh), _weights(again)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert trainer.resume_point(tmp_path / "new").name == "step-000004"
+
+
+def test_cli_refuses_a_resume_with_nothing_to_resume_and_a_vocabulary_of_no_tokens(tmp_path):
+    from click.testing import CliRunner
+
+    from dspark_bench.cli.train import cli
+
+    runner = CliRunner()
+    for args, says in ((["train", "--method", "dspark", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o"),
+                         "--resume"], "holds no training run to resume"),
+                       (["data", "vocab", "--data", str(tmp_path / "d"), "--size", "0"], "0 is not in the range x>=1"),
+                       (["data", "vocab", "--data", str(tmp_path / "d"), "--coverage", "8,-1"],
+                        "expected a comma list of positive integers")):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+
+
 def test_init_from_starts_a_new_run_from_a_checkpoints_weights_and_refuses_one_that_does_not_fit(target, tmp_path):
     from dspark_bench.drafters.vocab import STATE_KEY, vocab_for
 

@@ -10,7 +10,16 @@ from pathlib import Path
 from dspark_bench import drafters
 from dspark_bench.core.records import RequestRecord
 from dspark_bench.drafters import registry
-from dspark_bench.engines.base import Engine, EngineError, RunSpec, register_engine
+from dspark_bench.engines.base import (
+    Engine,
+    EngineError,
+    RunSpec,
+    context_of,
+    fit_prompts,
+    refuse_server_options,
+    register_engine,
+    render,
+)
 from dspark_bench.engines.native.loop import EngineConfig
 from dspark_bench.engines.native.runner import Run, default_drafters
 from dspark_bench.evaluation.suites import Prompt
@@ -26,15 +35,20 @@ class NativeEngine(Engine):
     def default_drafters(self, target: str) -> tuple[str, ...]:
         return default_drafters(target)
 
-    def prepare(self, spec: RunSpec, folder: Path, say: Callable[[str], None]) -> RunSpec:
+    def prepare(self, spec: RunSpec, prompts: Sequence[Prompt], folder: Path, say: Callable[[str], None]) -> RunSpec:
         if self.options.options:
             raise EngineError("--engine-opt configures vLLM: give it with --engine vllm")
+        refuse_server_options(self.name, self.options)
+        if spec.request_rate is not None:
+            raise EngineError("--request-rate: our engine takes closed-loop load only so far (--concurrency R keeps R "
+                              "requests in flight); open-loop arrivals run on a server, --engine openai --base-url URL")
         for name in spec.drafters:
             drafters.drafter_class(name)  # fail on an unknown name before loading anything heavy
         check_drafter_options(spec.drafters, spec.drafter_options)
         check_scheduler(spec.scheduler, spec.scheduler_options, spec.profile)
         EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)  # validates early
         check_target(spec.target, self.options.cache_dir)
+        check_context(spec, prompts, self.options.cache_dir)
         return spec
 
     def run(self, spec: RunSpec, prompts: Sequence[Prompt], folder: Path,
@@ -66,6 +80,17 @@ def check_scheduler(name: str, options: dict[str, str], profile: str | None) -> 
     if profile and "profile" in {f.name for f in dataclasses.fields(cls)}:
         opts.setdefault("profile", profile)
     create_scheduler(name, **opts)  # unknown keys, values of the wrong type or range, a missing profile file
+
+
+def check_context(spec: RunSpec, prompts: Sequence[Prompt], cache_dir: Path | None) -> None:
+    """Every prompt, rendered with the target's chat template, plus ``max_new_tokens`` fits the target's context,
+    or ``spec.truncate`` says how to cut it (:func:`~dspark_bench.engines.base.fit_prompts`): checked from the
+    target's tokenizer and config, before its weights load. The run cuts them again from its own rendering."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    where = resolve_target(spec.target, cache_dir)
+    tokenizer, config = AutoTokenizer.from_pretrained(where), AutoConfig.from_pretrained(where)
+    fit_prompts(prompts, [render(tokenizer, p.text) for p in prompts], spec, context_of(config))
 
 
 def check_target(name: str, cache_dir: Path | None) -> None:

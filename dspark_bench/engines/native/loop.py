@@ -35,6 +35,7 @@ and sampling spans are read from :class:`~dspark_bench.core.timing.Timer`.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -63,8 +64,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:  # NaN passes `< 0` and samples garbage
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.block_size < 1:
             raise ValueError(f"block size must be >= 1, got {self.block_size}")
         if self.concurrency < 1:

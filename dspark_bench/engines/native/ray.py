@@ -105,6 +105,11 @@ def join_shards(spec: RunSpec, prompts: Sequence[Prompt], out: Path, shards: lis
                                         "prompt_ids": [prompts[j].prompt_id for j in shards[i]]}
                                        for i, f in enumerate(folders)]},
                 "unfinished": unfinished, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    manifest.pop("truncated", None)  # the first worker's cut prompts: every worker's are listed instead
+    cut = [t for i, f in enumerate(folders) if shards[i] and (f / MANIFEST).is_file()
+           for t in read_manifest(f).get("truncated", [])]
+    if cut:
+        manifest["truncated"] = cut
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / MANIFEST, manifest)
     (out / RECORDS).write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records), encoding="utf-8")

@@ -24,7 +24,7 @@ from dspark_bench import drafters as drafter_registry
 from dspark_bench.core.records import RequestRecord, ResultsError, record_from_result, record_key
 from dspark_bench.core.rounds import Request, RequestResult
 from dspark_bench.drafters import checkpoint
-from dspark_bench.engines.base import RunSpec
+from dspark_bench.engines.base import RunSpec, context_of, fit_prompts
 from dspark_bench.engines.native.loop import EngineConfig, RoundLoop, Session
 from dspark_bench.evaluation.metrics import summarize
 from dspark_bench.evaluation.runs import (
@@ -157,6 +157,14 @@ def build_requests(target: Target, prompts: Sequence[Prompt], seed: int) -> list
     ]
 
 
+def fit_requests(requests: Sequence[Request], prompts: Sequence[Prompt], spec: RunSpec,
+                 target: Target) -> tuple[list[Request], list[dict]]:
+    """``requests`` fitted to the target's context (:func:`~dspark_bench.engines.base.fit_prompts`: a prompt too
+    long is refused, or cut from the side ``spec.truncate`` names); returns them and the prompts cut."""
+    ids, cut = fit_prompts(prompts, [r.prompt_ids for r in requests], spec, context_of(target.config))
+    return [dataclasses.replace(r, prompt_ids=x) for r, x in zip(requests, ids, strict=True)], cut
+
+
 def interleave(sessions: Sequence[Session]) -> None:
     """Step every session in turn, one round each, until all are done."""
     active = list(sessions)
@@ -184,10 +192,11 @@ class Run:
         """Engines, requests, manifest and record writer of this run (closed with ``stack``). ``resume``: the
         manifest and records the run folder already holds; only what they lack is decoded (:func:`resume`)."""
         spec = self.spec
-        requests = build_requests(self.target, self.prompts, spec.seed)
+        requests, cut = fit_requests(build_requests(self.target, self.prompts, spec.seed), self.prompts, spec,
+                                     self.target)
         if resume is None:
             engines = {name: self._engine(name) for name in spec.drafters}
-            manifest, records, todo = self._manifest(engines), [], None
+            manifest, records, todo = {**self._manifest(engines), **({"truncated": cut} if cut else {})}, [], None
             writer = stack.enter_context(RunWriter(self.out, manifest))
         else:
             manifest, records = resume

@@ -186,16 +186,6 @@ class VllmRequest:
     index: int
 
 
-def render(tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` as one user turn with the generation prompt (what ``Target.render`` does, without
-    loading the model: a vLLM target may be far larger than this process should hold)."""
-    if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                 tokenize=False, enable_thinking=False)
-        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]
-
-
 def finish_of(reason: str | None) -> str:
     """vLLM's finish reason in our words: "stop" (EOS or a stop token) is "eos"."""
     return {"stop": "eos", "length": "length"}.get(reason or "", reason or "error")
@@ -247,23 +237,76 @@ def require_vllm() -> None:
                         "its own venv .venv-vllm; CUDA: vllm), then run .venv-vllm/bin/dspark-bench")
 
 
-def option_fields() -> tuple[set[str], set[str]]:
-    """(``vllm.EngineArgs`` fields, ``SpeculativeConfig`` fields) of the installed vLLM."""
+def option_classes() -> tuple[type, type]:
+    """(``vllm.EngineArgs``, ``SpeculativeConfig``) of the installed vLLM."""
     from vllm.config import SpeculativeConfig
     from vllm.engine.arg_utils import EngineArgs
 
-    spec = SpeculativeConfig.__dataclass_fields__ if hasattr(SpeculativeConfig, "__dataclass_fields__") else {}
-    return {f.name for f in dataclasses.fields(EngineArgs)}, set(spec)
+    return EngineArgs, SpeculativeConfig
+
+
+def option_fields() -> tuple[set[str], set[str]]:
+    """(``vllm.EngineArgs`` fields, ``SpeculativeConfig`` fields) of the installed vLLM."""
+    engine, speculative = option_classes()
+    spec = speculative.__dataclass_fields__ if hasattr(speculative, "__dataclass_fields__") else {}
+    return {f.name for f in dataclasses.fields(engine)}, set(spec)
 
 
 def split_options(options: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]:
     """(fixes, ``LLM`` options with :func:`platform_defaults` under them, speculative-config entries) of parsed
-    ``--engine-opt`` values, checked against the installed vLLM."""
+    ``--engine-opt`` values, checked against the installed vLLM: names, and the types of plain values."""
     from dspark_bench.engines.vllm.fixes import split_fixes
 
     fixes, rest = split_fixes(options)
     llm_opts, spec_opts = split_engine_options(rest, *option_fields())
+    engine, speculative = option_classes()
+    check_option_types(llm_opts, engine)
+    check_option_types(spec_opts, speculative)
     return fixes, {**platform_defaults(), **llm_opts}, spec_opts
+
+
+PLAIN_TYPES = (bool, int, float, str, type(None))
+
+
+def plain_types(annotation) -> tuple[type, ...] | None:
+    """The JSON-like types an annotation admits (``int``, ``int | None``, ``Optional[float]``, ``Literal["a"]``'s
+    str), or None where it admits anything else (a dict, a config object): such a field is not checked here."""
+    import types
+    import typing
+
+    if annotation in PLAIN_TYPES:
+        return (annotation,)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        kinds = {type(a) for a in typing.get_args(annotation)}
+        return tuple(kinds) if kinds <= set(PLAIN_TYPES) else None
+    if origin in (typing.Union, types.UnionType):
+        parts = [plain_types(a) for a in typing.get_args(annotation)]
+        return None if any(p is None for p in parts) else tuple(t for p in parts for t in p)
+    return None
+
+
+def check_option_types(options: Mapping[str, Any], cls: type) -> None:
+    """Refuse an ``--engine-opt`` value of a type the field of the dataclass ``cls`` rules out (``seed=abc`` for an
+    integer seed), before vLLM starts. Fields whose annotations cannot be resolved, or admit more than plain
+    values, are left to vLLM."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - annotations naming what this process cannot resolve: vLLM checks them
+        fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
+        hints = {f.name: f.type for f in fields if not isinstance(f.type, str)}
+    for key, value in options.items():
+        allowed = plain_types(hints.get(key))
+        if allowed is None:
+            continue
+        ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+        ok = ok or (float in allowed and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            names = " or ".join(sorted({"null" if t is type(None) else t.__name__ for t in allowed}))
+            raise VllmError(f"--engine-opt {key}={json.dumps(value)}: vLLM takes {names} for {key} (VALUE is read as "
+                            f"JSON: 3, 0.5, true, \"text\")")
 
 
 def platform_defaults() -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_bench.core.records import RequestRecord
-from dspark_bench.engines.base import RunSpec
+from dspark_bench.engines.base import RunSpec, context_of, fit_prompts, render
 from dspark_bench.engines.vllm.fixes import facts, warnings_for
 from dspark_bench.engines.vllm.llm import (
     VllmError,
@@ -30,14 +30,21 @@ from dspark_bench.engines.vllm.llm import (
     VllmSettings,
     metric_source,
     open_llm,
-    render,
     require_vllm,
     speculative_config,
     split_options,
     vllm_version,
 )
 from dspark_bench.evaluation.metrics import summarize
-from dspark_bench.evaluation.runs import SCHEMA_VERSION, SUMMARY, RunWriter, environment, write_json
+from dspark_bench.evaluation.runs import (
+    MANIFEST,
+    RECORDS,
+    SCHEMA_VERSION,
+    SUMMARY,
+    RunWriter,
+    environment,
+    write_json,
+)
 from dspark_bench.evaluation.suites import Prompt
 
 WARMUP_TOKENS = 8
@@ -51,10 +58,37 @@ def groups(requests: Sequence[VllmRequest], size: int, hold: bool) -> list[Seque
     return [requests[i : i + size] for i in range(0, len(requests), size)]
 
 
-def vllm_requests(tokenizer, prompts: Sequence[Prompt], seed: int) -> list[VllmRequest]:
-    """Rendered like our runner's requests; per-request seed = base seed + index within its dataset."""
-    return [VllmRequest(tuple(render(tokenizer, p.text)), seed + p.index, p.dataset, p.domain, p.prompt_id, p.index)
-            for p in prompts]
+def context_limit(engine_options: dict[str, Any], config) -> tuple[int | None, str]:
+    """(positions a request may take, what that limit is called): ``--engine-opt max_model_len`` where given, else
+    the target's context from its config (vLLM derives its own limit from it)."""
+    given = engine_options.get("max_model_len")
+    if given is None:
+        return context_of(config), "the target's context (max_position_embeddings)"
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise VllmError(f"--engine-opt max_model_len={given!r}: give a positive integer")
+    return given, "--engine-opt max_model_len"
+
+
+def vllm_requests(tokenizer, prompts: Sequence[Prompt], spec: RunSpec,
+                  limit: tuple[int | None, str] = (None, "")) -> tuple[list[VllmRequest], list[dict]]:
+    """Rendered like our runner's requests and fitted to ``limit`` (:func:`context_limit`; a prompt too long is
+    refused or cut, :func:`~dspark_bench.engines.base.fit_prompts`); per-request seed = base seed + index within
+    its dataset. Returns the requests and the prompts cut (for the manifest's ``truncated``)."""
+    ids, cut = fit_prompts(prompts, [render(tokenizer, p.text) for p in prompts], spec, *limit)
+    return [VllmRequest(x, spec.seed + p.index, p.dataset, p.domain, p.prompt_id, p.index)
+            for p, x in zip(prompts, ids, strict=True)], cut
+
+
+def fitted_requests(spec: RunSpec, prompts: Sequence[Prompt], engine_options: dict[str, Any],
+                    model: str) -> tuple[Any, list[VllmRequest], list[dict]]:
+    """(the target's config, its requests fitted to the run's limit, the prompts cut) from the target's tokenizer
+    and config alone (no model is loaded: a vLLM target may be far larger than this process should hold)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model)
+    requests, cut = vllm_requests(AutoTokenizer.from_pretrained(model), prompts, spec,
+                                  context_limit(engine_options, config))
+    return config, requests, cut
 
 
 def check_spec(spec: RunSpec) -> None:
@@ -63,20 +97,34 @@ def check_spec(spec: RunSpec) -> None:
                         "verification is --engine-opt enable_adaptive_verification=true")
 
 
-def settings_for(spec: RunSpec, model: str, requests: Sequence[VllmRequest],
-                 engine_options: dict[str, Any]) -> dict[str, VllmSettings]:
-    """One :class:`VllmSettings` per drafter (validated before any model loads)."""
+def settings_for(spec: RunSpec, model: str, requests: Sequence[VllmRequest], engine_options: dict[str, Any],
+                 context: int | None = None) -> dict[str, VllmSettings]:
+    """One :class:`VllmSettings` per drafter (validated before any model loads). ``max_model_len``: the option's,
+    else room for the longest prompt, its new tokens and a draft block, within the target's ``context``."""
     fixes, llm_opts, spec_opts = split_options(engine_options)
     if llm_opts.get("max_num_seqs", spec.concurrency) != spec.concurrency:
         raise VllmError(f"--engine-opt max_num_seqs={llm_opts['max_num_seqs']} differs from --concurrency "
                         f"{spec.concurrency}: a vLLM run holds --concurrency requests in flight through max_num_seqs")
     llm_opts = {**llm_opts, "max_num_seqs": spec.concurrency}
     longest = max(len(r.prompt_ids) for r in requests)
-    max_len = int(llm_opts.pop("max_model_len", longest + spec.max_new_tokens + spec.block_size + 1))
+    room = longest + spec.max_new_tokens + spec.block_size + 1
+    max_len = int(llm_opts.pop("max_model_len", min(room, context) if context else room))
     return {d: VllmSettings(model, spec.dtype, spec.seed, max_len,
                             speculative_config(d, spec.block_size, spec.drafter_options.get(d), spec_opts), llm_opts,
                             fixes)
             for d in spec.drafters}
+
+
+def discard_empty_run(folder: Path, existed: bool) -> None:
+    """Remove the manifest and the empty records a run that recorded nothing wrote, and the folder itself when the
+    run made it and it is left empty (a failed start must not block a rerun with the same --out)."""
+    records = folder / RECORDS
+    if records.is_file() and records.stat().st_size:
+        return  # something was recorded after all: never lose it
+    for name in (MANIFEST, RECORDS):
+        (folder / name).unlink(missing_ok=True)
+    if not existed and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 @dataclasses.dataclass(eq=False)
@@ -92,34 +140,45 @@ class VllmRun:
     on_status: Callable[[str], None] = lambda msg: None
 
     def execute(self) -> dict:
-        from transformers import AutoConfig, AutoTokenizer
-
+        """Decode, record and summarise; returns the summary. A run that fails before its first record (vLLM did
+        not start: a bad option value) leaves no manifest or records behind, so the same --out can be rerun."""
         from dspark_bench.target.model import resolve_target
 
         require_vllm()
         check_spec(self.spec)
         model = resolve_target(self.spec.target, self.cache_dir)
-        requests = vllm_requests(AutoTokenizer.from_pretrained(model), self.prompts, self.spec.seed)
-        settings = settings_for(self.spec, model, requests, self.engine_options)
-        manifest = self._manifest(AutoConfig.from_pretrained(model), settings)
+        config, requests, cut = fitted_requests(self.spec, self.prompts, self.engine_options, model)
+        settings = settings_for(self.spec, model, requests, self.engine_options, context_of(config))
+        manifest = self._manifest(config, settings)
+        if cut:
+            manifest["truncated"] = cut
         speculative_t = self.spec.temperature > 0 and any(s.speculative for s in settings.values())
         for line in warnings_for(manifest["engine"]["known_bugs"], speculative_t):
             self.on_status(f"warning: {line}")
         records: list[RequestRecord] = []
-        with RunWriter(self.out, manifest) as writer:
-            for name, setting in settings.items():
-                self.on_status(f"starting vLLM for {name} ...")
-                engine = open_llm(setting, name)
-                try:
-                    records += self._decode(engine, requests, writer)
-                finally:
-                    engine.close()
-                manifest["engine"]["drafters"][name] = self._engine_facts(engine)
+        existed = self.out.exists()
+        try:
+            with RunWriter(self.out, manifest) as writer:
+                for name, setting in settings.items():
+                    self.on_status(f"starting vLLM for {name} ...")
+                    engine = open_llm(setting, name)
+                    try:
+                        records += self._decode(engine, requests, writer)
+                    finally:
+                        engine.close()
+                    manifest["engine"]["drafters"][name] = self._engine_facts(engine)
+        except BaseException:
+            if not records:
+                discard_empty_run(self.out, existed)
+            raise
+        return self._finish(manifest, records)
+
+    def _finish(self, manifest: dict[str, Any], records: list[RequestRecord]) -> dict:
         summary = summarize(records, self.spec.block_size)
         facts = manifest["engine"]["drafters"]
         summary["system_tokens_per_s"] = {n: e["system_tokens_per_s"] for n, e in facts.items()}
         manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        write_json(self.out / "manifest.json", manifest)
+        write_json(self.out / MANIFEST, manifest)
         write_json(self.out / SUMMARY, summary)
         return summary
 

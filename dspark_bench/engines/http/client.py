@@ -1,0 +1,224 @@
+"""A streaming client for OpenAI-compatible chat completions, timed per delivery. No model here, no run folder.
+
+Terms:
+
+* **delivery**: one server-sent event that carries output (text or token ids). Under speculative decoding one
+  delivery may carry several tokens (a verify step's accepted tokens and its bonus), so inter-token latencies are
+  gaps between deliveries, as ``vllm bench serve`` measures them.
+* **sent** / **first** / **last**: when the request left the client, when its first and its last delivery
+  arrived, on the client's monotonic clock in seconds from the run's start.
+* **token ids**: where the server returns them (vLLM: ``logprobs`` with ``return_tokens_as_token_ids``, each
+  token then reads ``token_id:N``); None otherwise (the text is kept either way).
+* **server statistics**: whatever speculative statistics the response carries per request, kept raw (vLLM with
+  ``--per-request-spec-decode-metrics``, SGLang's ``meta_info``, llama.cpp's ``timings``) and read by
+  :mod:`dspark_bench.engines.http.spec`.
+
+Every request has a timeout; a refused request, a server that is down and a stream that ends without its
+``[DONE]`` each give a response with ``status="error"`` and the reason, never an exception and never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DONE = "[DONE]"
+
+
+class ServerError(ValueError):
+    """A server that cannot be used as asked (unreachable, no such model, no token ids where they are needed)."""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One request of a run: its position, the user turn, its seed and when it arrives (s from the run's start)."""
+
+    index: int
+    text: str
+    seed: int
+    arrival_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What every request of a run asks for. ``extra``: server-specific body fields (e.g. vLLM's
+    ``return_tokens_as_token_ids``), merged into the request body."""
+
+    model: str
+    max_tokens: int
+    temperature: float
+    token_ids: bool = True
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def body(self, request: ChatRequest) -> dict[str, Any]:
+        body = {"model": self.model, "messages": [{"role": "user", "content": request.text}],
+                "max_tokens": self.max_tokens, "temperature": self.temperature, "seed": request.seed,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if self.token_ids:
+            body.update(logprobs=True, return_tokens_as_token_ids=True)
+        return {**body, **self.extra}
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """What came back for one request (times in seconds from the run's start)."""
+
+    index: int
+    status: str  # "ok" or "error"
+    error: str | None
+    finish: str | None  # the server's finish_reason ("stop", "length", ...)
+    text: str
+    token_ids: tuple[int, ...] | None
+    sent_s: float
+    deliveries: tuple[tuple[float, int], ...]  # (arrival time, tokens carried) of each delivery with output
+    completion_tokens: int | None  # the server's usage counts
+    prompt_tokens: int | None
+    server_stats: Mapping[str, Any] | None = None  # raw per-request speculative statistics, when present
+
+    @property
+    def first_s(self) -> float | None:
+        return self.deliveries[0][0] if self.deliveries else None
+
+    @property
+    def last_s(self) -> float | None:
+        return self.deliveries[-1][0] if self.deliveries else None
+
+
+def token_ids_of(chunk: Mapping[str, Any]) -> list[int] | None:
+    """The token ids a chunk carries (``logprobs.content[*].token`` = ``token_id:N``), or None without logprobs."""
+    choices = chunk.get("choices") or []
+    content = ((choices[0].get("logprobs") or {}).get("content") if choices else None)
+    if content is None:
+        return None
+    ids = []
+    for item in content:
+        token = str(item.get("token", ""))
+        if not token.startswith("token_id:"):
+            raise ServerError(f"the server returned token {token!r}, not 'token_id:N': it ignores "
+                              f"return_tokens_as_token_ids (a vLLM option)")
+        ids.append(int(token.removeprefix("token_id:")))
+    return ids
+
+
+def stats_of(chunk: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """Per-request speculative statistics a chunk carries, wherever the known servers put them."""
+    for key in ("metrics", "meta_info", "timings"):
+        if isinstance(chunk.get(key), Mapping):
+            return {key: chunk[key]}
+    usage = chunk.get("usage")
+    if isinstance(usage, Mapping) and any(k not in ("prompt_tokens", "completion_tokens", "total_tokens",
+                                                     "prompt_tokens_details") for k in usage):
+        return {"usage": usage}
+    return None
+
+
+@dataclass
+class _Reading:
+    """The state of one stream being read."""
+
+    text: list[str] = field(default_factory=list)
+    ids: list[int] | None = None
+    deliveries: list[tuple[float, int]] = field(default_factory=list)
+    finish: str | None = None
+    usage: Mapping[str, Any] | None = None
+    stats: Mapping[str, Any] | None = None
+    done: bool = False
+
+    def add(self, chunk: Mapping[str, Any], now: float) -> None:
+        """Take one parsed event (a ``chat.completion.chunk``)."""
+        if "error" in chunk:
+            raise ServerError(f"the server reported an error mid-stream: {chunk['error']}")
+        choices = chunk.get("choices") or []
+        text = (choices[0].get("delta") or {}).get("content") or "" if choices else ""
+        ids = token_ids_of(chunk)
+        if ids is not None:
+            self.ids = (self.ids or []) + ids
+        if text or ids:
+            self.text.append(text)
+            self.deliveries.append((now, len(ids) if ids is not None else 1))
+        if choices and choices[0].get("finish_reason"):
+            self.finish = choices[0]["finish_reason"]
+        if isinstance(chunk.get("usage"), Mapping):
+            self.usage = chunk["usage"]
+        self.stats = stats_of(chunk) or self.stats
+
+
+def read_events(lines: Sequence[str], clock: Callable[[], float] = time.monotonic) -> _Reading:
+    """Parse a recorded stream (the ``data:`` lines of an SSE body), for tests and replays."""
+    reading = _Reading()
+    for line in lines:
+        _take(reading, line, clock())
+    return reading
+
+
+def _take(reading: _Reading, line: str, now: float) -> None:
+    line = line.strip()
+    if not line.startswith("data:"):
+        return  # comments (": ping"), blank separators, "event:" lines
+    data = line.removeprefix("data:").strip()
+    if data == DONE:
+        reading.done = True
+        return
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError:
+        raise ServerError(f"the server sent an event that is not JSON: {data[:120]!r}") from None
+    reading.add(chunk, now)
+
+
+async def stream_one(session, url: str, sampling: Sampling, request: ChatRequest, t0: float, timeout_s: float,
+                     headers: Mapping[str, str]) -> Streamed:
+    """POST one streamed chat completion and read it to its end (or its timeout)."""
+    import aiohttp
+
+    sent = time.monotonic() - t0
+    reading = _Reading()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, json=sampling.body(request), headers=dict(headers)) as resp:
+                if resp.status != 200:
+                    detail = (await resp.text())[:300].replace("\n", " ")
+                    raise ServerError(f"HTTP {resp.status}: {detail}")
+                async for raw in resp.content:
+                    _take(reading, raw.decode("utf-8", "replace"), time.monotonic() - t0)
+        if not reading.done:
+            raise ServerError("the stream ended without [DONE] (the server dropped it)")
+        status, error = "ok", None
+    except TimeoutError:
+        status, error = "error", f"timed out after {timeout_s:g} s"
+    except (ServerError, aiohttp.ClientError, OSError) as exc:
+        status, error = "error", f"{type(exc).__name__}: {exc}"
+    return Streamed(request.index, status, error, reading.finish, "".join(reading.text),
+                    tuple(reading.ids) if reading.ids is not None else None, sent, tuple(reading.deliveries),
+                    (reading.usage or {}).get("completion_tokens"), (reading.usage or {}).get("prompt_tokens"),
+                    reading.stats)
+
+
+async def stream_all(base_url: str, sampling: Sampling, requests: Sequence[ChatRequest], max_concurrency: int | None,
+                     timeout_s: float, headers: Mapping[str, str] | None = None,
+                     on_done: Callable[[Streamed], None] = lambda s: None) -> list[Streamed]:
+    """Send every request at its arrival time (open loop), at most ``max_concurrency`` in flight (None: no cap);
+    ``on_done`` sees each response as it completes. Returns the responses in request order."""
+    import aiohttp
+
+    url = base_url.rstrip("/") + "/chat/completions"
+    cap = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    connector = aiohttp.TCPConnector(limit=max_concurrency or 0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        t0 = time.monotonic()
+
+        async def one(req: ChatRequest) -> Streamed:
+            await asyncio.sleep(max(0.0, req.arrival_s - (time.monotonic() - t0)))
+            if cap is None:
+                out = await stream_one(session, url, sampling, req, t0, timeout_s, headers or {})
+            else:
+                async with cap:
+                    out = await stream_one(session, url, sampling, req, t0, timeout_s, headers or {})
+            on_done(out)
+            return out
+
+        return list(await asyncio.gather(*(one(r) for r in requests)))

@@ -1,0 +1,214 @@
+"""Any OpenAI-compatible server behind the engine interface (``run --engine openai --base-url URL``).
+
+The server's speculative configuration is fixed when it starts, so a run decodes one configuration, named by
+``--server-label`` (its "drafter" in the records; default ``server``). Each prompt becomes one streamed chat
+completion with the run's seed (base seed + index within its dataset), temperature and max tokens, sent at its
+arrival time (``--request-rate``; closed loop without one: ``--concurrency`` requests in flight, all arriving at
+once). A record per request, as each completes: the server's token ids, TTFT from sending, every inter-delivery
+gap, end-to-end latency from arrival, time spent waiting for the client's concurrency cap (``queue_s``), and
+rounds from the server's per-request speculative statistics when it returns them (:mod:`.spec`). The server's
+``vllm:spec_decode_*`` counters are read before and after the run; their differences are in the manifest and
+give the run's τ when no per-request rounds came back.
+
+The API key, if any, is read from the environment variable ``--api-key-env`` names and sent as a bearer token;
+it is never written to the run folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dspark_bench.core.arrivals import Arrivals
+from dspark_bench.core.records import RequestRecord
+from dspark_bench.engines.base import Engine, EngineError, EngineOptions, RunSpec, register_engine
+from dspark_bench.engines.http.client import ChatRequest, Sampling, Streamed, stream_all
+from dspark_bench.engines.http.prometheus import spec_counters
+from dspark_bench.engines.http.spec import rounds_from_stats
+from dspark_bench.engines.vllm.llm import counter_delta
+from dspark_bench.evaluation.metrics import summarize
+from dspark_bench.evaluation.runs import SCHEMA_VERSION, SUMMARY, RunWriter, environment, write_json
+from dspark_bench.evaluation.serving import serving_summary
+from dspark_bench.evaluation.suites import Prompt
+
+DEFAULT_LABEL = "server"
+
+
+def _get(url: str, headers: dict[str, str], timeout_s: float = 10.0) -> str:
+    req = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (a URL the user gave)
+        return resp.read().decode("utf-8", "replace")
+
+
+def server_root(base_url: str) -> str:
+    """``http://host:port`` of ``http://host:port/v1`` (where ``/metrics`` and ``/version`` live)."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+@register_engine
+class OpenAIEngine(Engine):
+    name = "openai"
+
+    def __init__(self, options: EngineOptions):
+        super().__init__(options)
+        self.models: list[dict[str, Any]] = []
+
+    def default_drafters(self, target: str) -> tuple[str, ...]:
+        return (self.options.server_label or DEFAULT_LABEL,)
+
+    def headers(self) -> dict[str, str]:
+        env = self.options.api_key_env
+        if not env:
+            return {}
+        key = os.environ.get(env)
+        if not key:
+            raise EngineError(f"--api-key-env {env}: that environment variable is not set (or empty)")
+        return {"Authorization": f"Bearer {key}"}
+
+    def prepare(self, spec: RunSpec, prompts: Sequence[Prompt], folder: Path, say: Callable[[str], None]) -> RunSpec:
+        base = self.options.base_url
+        if not base or not base.startswith(("http://", "https://")):
+            raise EngineError(f"--engine openai needs --base-url http(s)://HOST:PORT/v1, got {base!r}")
+        if len(spec.drafters) != 1:
+            raise EngineError(f"--engine openai decodes the server's one configuration; give one label with "
+                              f"--server-label (or --drafter), not {', '.join(spec.drafters)}")
+        if spec.scheduler != "fixed" or spec.scheduler_options or spec.profile:
+            raise EngineError("--engine openai: the server decides how many drafts it verifies; drop --scheduler")
+        if spec.truncate:
+            raise EngineError("--engine openai sends text: --truncate cuts token ids and is not available here")
+        self.models = self._models(base)
+        served = [m.get("id") for m in self.models]
+        model = self.options.model or (served[0] if served else None)
+        if model not in served:
+            raise EngineError(f"{base}/models serves {', '.join(map(str, served)) or 'no model'}; --model {model!r} "
+                              f"is not among them")
+        self.model = model
+        say(f"server {base}: model {model}")
+        return spec
+
+    def _models(self, base: str) -> list[dict[str, Any]]:
+        try:
+            data = json.loads(_get(base.rstrip("/") + "/models", self.headers()))
+        except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+            raise EngineError(f"cannot reach an OpenAI-compatible server at {base} ({exc}); is it running, and "
+                              f"does the URL end in /v1?") from None
+        return list(data.get("data") or [])
+
+    def _counters(self) -> dict[str, Any] | None:
+        try:
+            return spec_counters(_get(server_root(self.options.base_url) + "/metrics", self.headers()))
+        except (urllib.error.URLError, OSError):
+            return None
+
+    def _version(self) -> str | None:
+        try:
+            return json.loads(_get(server_root(self.options.base_url) + "/version", self.headers())).get("version")
+        except (urllib.error.URLError, OSError, json.JSONDecodeError, AttributeError):
+            return None
+
+    def run(self, spec: RunSpec, prompts: Sequence[Prompt], folder: Path,
+            on_record: Callable[[RequestRecord], None], say: Callable[[str], None]) -> dict:
+        label = spec.drafters[0]
+        arrivals = _schedule(spec, len(prompts))
+        requests = [ChatRequest(i, p.text, spec.seed + p.index, arrivals[i]) for i, p in enumerate(prompts)]
+        sampling = Sampling(self.model, spec.max_new_tokens, spec.temperature)
+        cap = spec.max_concurrency if spec.request_rate is not None else spec.concurrency
+        manifest = self._manifest(spec, prompts, label)
+        records: list[RequestRecord] = []
+        with RunWriter(folder, manifest) as writer:
+            before = self._counters()
+
+            def done(out: Streamed) -> None:
+                rec = to_record(out, prompts[out.index], label, spec, arrivals[out.index])
+                writer.add(rec)
+                records.append(rec)
+                on_record(rec)
+
+            if spec.warmup and requests:
+                say("warm-up request (not recorded) ...")
+                asyncio.run(stream_all(self.options.base_url, Sampling(self.model, 8, spec.temperature),
+                                       [ChatRequest(-1, requests[0].text, spec.seed)], 1,
+                                       self.options.request_timeout_s, self.headers()))
+                before = self._counters()
+            asyncio.run(stream_all(self.options.base_url, sampling, requests, cap, self.options.request_timeout_s,
+                                   self.headers(), on_done=done))
+            after = self._counters()
+        return self._finish(spec, folder, manifest, records, before, after)
+
+    def _finish(self, spec, folder, manifest, records, before, after) -> dict:
+        delta = counter_delta(before, after) if before is not None and after is not None else None
+        source = "vllm-per-request" if any(r.rounds for r in records) else ("counters" if delta else "none")
+        manifest["engine"].update(counter_delta=delta, metric_source=source,
+                                  finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        manifest["finished"] = manifest["engine"]["finished"]
+        write_json(folder / "manifest.json", manifest)
+        summary = summarize(records, spec.block_size)
+        summary["serving"] = serving_summary(records, spec.slo or None)
+        summary["server_counters"] = counter_summary(delta)
+        write_json(folder / SUMMARY, summary)
+        return summary
+
+    def _manifest(self, spec: RunSpec, prompts: Sequence[Prompt], label: str) -> dict[str, Any]:
+        import dataclasses
+
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "args": {**dataclasses.asdict(spec), "engine": self.name},
+            "target": {"name": spec.target, "dtype": spec.dtype, "device": "server"},
+            "engine": {"name": self.name, "base_url": self.options.base_url, "model": self.model,
+                       "models": self.models, "version": self._version(), "label": label,
+                       "api_key_env": self.options.api_key_env,
+                       "arrivals": (Arrivals(spec.request_rate, spec.burstiness, spec.seed).to_json()
+                                    if spec.request_rate is not None else {"closed_loop": spec.concurrency})},
+            "drafters": {label: {"config": {"server": self.options.base_url}, "scheduler_options": {}}},
+            "prompts": [{"dataset": p.dataset, "domain": p.domain, "prompt_id": p.prompt_id, "index": p.index}
+                        for p in prompts],
+            "seeds": {"base": spec.seed, "per_request": "base + index within dataset (the request's seed field)"},
+            **environment(),
+        }
+
+
+def _schedule(spec: RunSpec, n: int) -> tuple[float, ...]:
+    if spec.request_rate is None:
+        return (0.0,) * n
+    return Arrivals(spec.request_rate, spec.burstiness, spec.seed).times(n)
+
+
+def to_record(out: Streamed, prompt: Prompt, label: str, spec: RunSpec, arrival_s: float) -> RequestRecord:
+    """One response as a record (see the module docstring for what each time means)."""
+    ids = tuple(out.token_ids or ())
+    n = len(ids) or (out.completion_tokens or 0)
+    rounds, _ = rounds_from_stats(out.server_stats, n) if out.status == "ok" else (None, "none")
+    first, last = out.first_s, out.last_s
+    gaps = tuple(b[0] - a[0] for a, b in zip(out.deliveries, out.deliveries[1:], strict=False))
+    ok = out.status == "ok" and first is not None
+    return RequestRecord(
+        drafter=label, scheduler="server", dataset=prompt.dataset, domain=prompt.domain, prompt_id=prompt.prompt_id,
+        index=prompt.index, repeat=0, seed=spec.seed + prompt.index, concurrency=spec.concurrency,
+        status="ok" if ok else "error", finish="eos" if out.finish == "stop" else (out.finish or "error"),
+        prompt_len=out.prompt_tokens or 0, output_ids=ids, rounds=rounds or (), timings=(),
+        ttft_s=(first - out.sent_s) if first is not None else 0.0,
+        decode_s=(last - first) if ok else 0.0,
+        error=None if ok else (out.error or "no output"),
+        arrival_s=arrival_s, queue_s=max(out.sent_s - arrival_s, 0.0), itl_s=gaps,
+        e2el_s=(last - arrival_s) if last is not None else None)
+
+
+def counter_summary(delta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's speculative totals from the server's counters: drafts, draft and accepted tokens, the mean
+    accepted length per draft (``accepted / drafts + 1``, vLLM's acceptance length) and the per-position rate."""
+    if not delta or not delta.get("num_drafts"):
+        return None
+    drafts = delta["num_drafts"]
+    return {**delta, "acceptance_length": 1 + delta["num_accepted_tokens"] / drafts,
+            "acceptance_rate": (delta["num_accepted_tokens"] / delta["num_draft_tokens"]
+                                if delta["num_draft_tokens"] else None),
+            "per_position": [a / drafts for a in delta.get("accepted_per_pos", [])]}

@@ -1,0 +1,137 @@
+"""``run --engine openai`` end to end against a small local OpenAI-compatible server (127.0.0.1, a free port, in a
+thread, stopped at the end): records, manifest, summary with serving metrics, rounds from per-request statistics,
+counters diffed around the run, and a server that fails a request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+
+from dspark_bench.cli.main import main
+from dspark_bench.evaluation.runs import read_manifest, read_records
+
+STEPS = {"drafted": [3, 3], "accepted": [2, 0]}  # two verify steps: 3 + 1 tokens, then the rest one by one
+
+
+class FakeServer:
+    """Streams 6 tokens per request in three deliveries; counts drafts in /metrics; fails prompts containing
+    'FAIL' with HTTP 500."""
+
+    def __init__(self):
+        self.drafts = 0
+        self.bodies = []
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def models(self, request):
+        return web.json_response({"data": [{"id": "smol", "object": "model", "max_model_len": 2048}]})
+
+    async def version(self, request):
+        return web.json_response({"version": "0.0-fake"})
+
+    async def metrics(self, request):
+        return web.Response(text=f'vllm:spec_decode_num_drafts_total{{engine="0"}} {self.drafts}.0\n'
+                                 f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {3 * self.drafts}.0\n'
+                                 f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {self.drafts}.0\n')
+
+    async def chat(self, request):
+        body = await request.json()
+        self.bodies.append(body)
+        if "FAIL" in body["messages"][0]["content"] or body["max_tokens"] == 0:
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ids in ([7], [8, 9, 10], [11, 12]):
+            await asyncio.sleep(0.005)
+            chunk = {"choices": [{"index": 0, "delta": {"content": "x" * len(ids)}, "finish_reason": None,
+                                  "logprobs": {"content": [{"token": f"token_id:{i}"} for i in ids]}}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.drafts += 2
+        last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+        usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15},
+                 "metrics": {"speculative_decoding": {"per_step_drafted": STEPS["drafted"],
+                                                      "per_step_accepted": STEPS["accepted"]}}}
+        for event in (last, usage):
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def server():
+    with FakeServer() as s:
+        yield s
+
+
+def test_open_loop_run_against_a_server(server, tmp_path):
+    out = tmp_path / "run"
+    done = CliRunner().invoke(main, ["run", "--engine", "openai", "--base-url", f"http://127.0.0.1:{server.port}/v1",
+                                     "--suite", "math", "--limit", "2", "--max-new-tokens", "6", "--seed", "5",
+                                     "--request-rate", "20", "--slo", "ttft=5000,tpot=5000", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    records = read_records(out)
+    assert len(records) == 4 and {r.drafter for r in records} == {"server"}
+    rec = records[0]
+    assert rec.output_ids == (7, 8, 9, 10, 11, 12) and rec.prompt_len == 9 and rec.status == "ok"
+    assert rec.rounds == ((3, 3, 2, 3), (3, 3, 0, 1), (0, 0, 0, 1))  # 1 (prefill) + 3 + 1 + 1 = 6 tokens
+    assert len(rec.itl_s) == 2 and rec.e2el_s >= rec.queue_s + rec.ttft_s
+    assert sorted(r.arrival_s for r in records)[0] == 0.0 and len({r.arrival_s for r in records}) == 4
+    sent = [b for b in server.bodies if b["max_tokens"] == 6]
+    assert {b["seed"] for b in sent} == {r.seed for r in records} and all(b["logprobs"] for b in sent)
+    manifest = read_manifest(out)
+    assert manifest["engine"]["metric_source"] == "vllm-per-request"
+    assert manifest["engine"]["counter_delta"]["num_drafts"] == 8 and manifest["engine"]["version"] == "0.0-fake"
+    assert manifest["engine"]["arrivals"] == {"rate": 20.0, "burstiness": 1.0, "seed": 5, "process": "poisson"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["serving"]["completed"] == 4 and summary["serving"]["good_requests"] == 4
+    assert summary["server_counters"]["acceptance_length"] == pytest.approx(2.0)  # 8 accepted over 8 drafts
+
+
+def test_failed_requests_are_recorded_and_fail_the_run(server, tmp_path):
+    suite = tmp_path / "s.jsonl"
+    suite.write_text('{"turns": ["fine"]}\n{"turns": ["FAIL please"]}\n')
+    out = tmp_path / "run"
+    done = CliRunner().invoke(main, ["run", "--engine", "openai", "--base-url", f"http://127.0.0.1:{server.port}/v1",
+                                     "--suite", str(suite), "--limit", "all", "--max-new-tokens", "6",
+                                     "--concurrency", "2", "--out", str(out)])
+    assert done.exit_code == 1
+    records = {r.status: r for r in read_records(out)}
+    assert set(records) == {"ok", "error"} and "HTTP 500" in records["error"].error
+
+
+def test_an_unknown_model_is_refused_before_anything_is_written(server, tmp_path):
+    out = tmp_path / "run"
+    done = CliRunner().invoke(main, ["run", "--engine", "openai", "--base-url", f"http://127.0.0.1:{server.port}/v1",
+                                     "--model", "nope", "--limit", "1", "--out", str(out)])
+    assert done.exit_code == 2 and "serves smol" in done.output and not out.exists()
