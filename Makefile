@@ -97,10 +97,11 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VBIN)/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
 
-# The vLLM tests and the 2-worker Ray test (they skip, saying why, in a venv without vLLM or Ray).
+# The vLLM tests, the 2-worker Ray test and the server engine against real vLLM OpenAI servers on 127.0.0.1 (they
+# skip, saying why, in a venv without vLLM or Ray).
 vllm-test: vllm-setup
 	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/engines/test_vllm_engine.py tests/engines/test_vllm_export.py tests/studies/test_engine_compare.py \
-		tests/engines/test_vllm_integration.py tests/engines/test_ray_run.py
+		tests/engines/test_vllm_integration.py tests/engines/test_ray_run.py tests/engines/test_http_vllm_server.py
 
 # The vLLM path on the embedded target: a small run with none and ngram, report and gate on it, and the fast
 # lossless check (vLLM without speculation and with ngram, against the teacher-forced target law).
