@@ -9,7 +9,6 @@ import click
 from rich.table import Table
 
 from dspark_bench.cli.common import DTYPE_OPTION, console, fmt, friendly, parse_limit, parse_options, stdout
-from dspark_bench.cli.lossless import engine_facts, lossless_options
 from dspark_bench.cli.run import check_out_folder
 
 
@@ -161,7 +160,7 @@ def _lossless_both(target, names, served, mode, seed, out: Path, spec, engine_op
     import json
 
     from dspark_bench.lossless import report_to_json, run_battery
-    from dspark_bench.lossless.vllm import run_vllm_battery
+    from dspark_bench.lossless.vllm import engine_facts, lossless_options, run_vllm_battery
     from dspark_bench.target.model import resolve_target
 
     fixes, llm_opts = lossless_options(engine_opt, "compare-engines --lossless")
@@ -171,6 +170,6 @@ def _lossless_both(target, names, served, mode, seed, out: Path, spec, engine_op
     (out / "dspark" / "lossless.json").write_text(json.dumps(report_to_json(ours), indent=2) + "\n")
     report, evidence = run_vllm_battery(mode, target, served, seed, resolve_target(target), llm_opts,
                                         progress=say, drafter_options=spec.drafter_options, fixes=fixes)
-    data = {**report_to_json(report), "engine": engine_facts(fixes, any(n != "none" for n in served)),
+    data = {**report_to_json(report), "engine": engine_facts(fixes, any(n != "none" for n in served), console.print),
             "evidence": evidence}
     (out / "vllm" / "lossless.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -34,7 +34,18 @@ from typing import Any
 
 from scipy import stats
 
-from dspark_bench.engines.vllm.llm import VllmLLM, VllmRequest, VllmSettings, open_llm, speculative_config
+from dspark_bench.engines.vllm.fixes import facts, warnings_for
+from dspark_bench.engines.vllm.llm import (
+    VllmError,
+    VllmLLM,
+    VllmRequest,
+    VllmSettings,
+    open_llm,
+    parse_engine_options,
+    speculative_config,
+    split_options,
+    vllm_version,
+)
 from dspark_bench.evaluation.metrics import acceptance, count_rounds
 from dspark_bench.lossless import checks
 from dspark_bench.lossless.battery import PROMPTS, REAL_DTYPE
@@ -176,3 +187,20 @@ def run_vllm_battery(mode: str, target_name: str, drafters: Sequence[str], seed:
     report = BatteryReport(mode, f"vllm:{target_name}", REAL_DTYPE, seed, ALPHA, time.perf_counter() - t0,
                            with_power(finalize(rows)))
     return report, evidence
+
+
+def lossless_options(engine_opt, command: str) -> tuple[tuple[str, ...], dict]:
+    """(fixes, ``LLM`` options) of a vLLM lossless check from ``--engine-opt``: EngineArgs fields and ``fix``."""
+    fixes, llm_opts, spec_opts = split_options(parse_engine_options(engine_opt))
+    if spec_opts:
+        raise VllmError(f"{command} takes EngineArgs options and fix= only, not {sorted(spec_opts)}")
+    return fixes, llm_opts
+
+
+def engine_facts(fixes, speculative: bool, say: Callable[[str], None] = lambda msg: None) -> dict:
+    """lossless.json's ``engine``: vLLM's version and its known bugs (present? fixed?), warning on stderr about
+    an unfixed one (through ``say``) that makes this check's speculative configurations lossy (T = 1)."""
+    bugs = facts(fixes)
+    for line in warnings_for(bugs, speculative):
+        say(f"warning: {line}")
+    return {"name": "vllm", "version": vllm_version(), "known_bugs": bugs}

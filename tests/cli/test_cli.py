@@ -248,7 +248,7 @@ def test_auto_dtype_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, tmp_path
 
 
 def test_check_lossless_keeps_commas_inside_a_schedulers_brackets(monkeypatch, tmp_path):
-    import dspark_bench.lossless as stats
+    from dspark_bench.lossless import battery as stats
 
     seen = {}
 
