@@ -130,8 +130,10 @@ def test_failed_requests_are_recorded_and_fail_the_run(server, tmp_path):
     assert set(records) == {"ok", "error"} and "HTTP 500" in records["error"].error
 
 
-def test_an_unknown_model_is_refused_before_anything_is_written(server, tmp_path):
+@pytest.mark.parametrize("args, says", [(["--model", "nope"], "serves smol"), (["--repeats", "2"], "--repeats"),
+                                        (["--drafter", "a,b"], "one label"), (["--scheduler", "threshold"], "drop --scheduler")])
+def test_what_a_server_run_cannot_do_is_refused_before_anything_is_written(server, tmp_path, args, says):
     out = tmp_path / "run"
     done = CliRunner().invoke(main, ["run", "--engine", "openai", "--base-url", f"http://127.0.0.1:{server.port}/v1",
-                                     "--model", "nope", "--limit", "1", "--out", str(out)])
-    assert done.exit_code == 2 and "serves smol" in done.output and not out.exists()
+                                     "--limit", "1", "--out", str(out), *args])
+    assert done.exit_code == 2 and says in done.output and not out.exists(), done.output

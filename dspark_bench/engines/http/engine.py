@@ -83,6 +83,8 @@ class OpenAIEngine(Engine):
             raise EngineError("--engine openai: the server decides how many drafts it verifies; drop --scheduler")
         if spec.truncate:
             raise EngineError("--engine openai sends text: --truncate cuts token ids and is not available here")
+        if spec.repeats != 1:
+            raise EngineError("--engine openai sends each prompt once; --repeats is for our engine's timing repeats")
         self.models = self._models(base)
         served = [m.get("id") for m in self.models]
         model = self.options.model or (served[0] if served else None)
