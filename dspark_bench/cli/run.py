@@ -136,8 +136,10 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
     check_out_folder(folder)
     _check_no_run(folder)
     eng = engine_class(engine)(EngineOptions(
-        Path(cache_dir) if cache_dir else None, tuple(engine_opt), workers, ray_address, serving["base_url"],
-        serving["served_model"], serving["api_key_env"], serving["server_label"], serving["request_timeout"]))
+        cache_dir=Path(cache_dir) if cache_dir else None, options=tuple(engine_opt), workers=workers,
+        ray_address=ray_address, base_url=serving["base_url"], model=serving["served_model"],
+        api_key_env=serving["api_key_env"], server_label=serving["server_label"],
+        request_timeout_s=serving["request_timeout"]))
     load = parse_load(serving)
     names = parse_drafters(drafter_list) if drafter_list is not None else eng.default_drafters(target)
     options = parse_options(drafter_opt)

@@ -124,8 +124,8 @@ class OpenAIEngine(Engine):
         cap = spec.max_concurrency if spec.request_rate is not None else spec.concurrency
         manifest = self._manifest(spec, prompts, label)
         records: list[RequestRecord] = []
+        headers, base = self.headers(), self.options.base_url
         with RunWriter(folder, manifest) as writer:
-            before = self._counters()
 
             def done(out: Streamed) -> None:
                 rec = to_record(out, prompts[out.index], label, spec, arrivals[out.index])
@@ -135,12 +135,12 @@ class OpenAIEngine(Engine):
 
             if spec.warmup and requests:
                 say("warm-up request (not recorded) ...")
-                asyncio.run(stream_all(self.options.base_url, Sampling(self.model, 8, spec.temperature),
+                asyncio.run(stream_all(base, Sampling(self.model, 8, spec.temperature),
                                        [ChatRequest(-1, requests[0].text, spec.seed)], 1,
-                                       self.options.request_timeout_s, self.headers()))
-                before = self._counters()
-            asyncio.run(stream_all(self.options.base_url, sampling, requests, cap, self.options.request_timeout_s,
-                                   self.headers(), on_done=done))
+                                       self.options.request_timeout_s, headers))
+            before = self._counters()  # after the warm-up: the difference is the run's alone
+            asyncio.run(stream_all(base, sampling, requests, cap, self.options.request_timeout_s, headers,
+                                   on_done=done))
             after = self._counters()
         return self._finish(spec, folder, manifest, records, before, after)
 
