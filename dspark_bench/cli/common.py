@@ -112,6 +112,34 @@ DTYPE_OPTION = click.option(
          "CPUs, where bf16 runs many times slower.")
 
 
+def sampling_options(fn):
+    """``--top-p``, ``--top-k`` and ``--min-p``, beside a command's ``--temperature`` (checked by
+    :func:`check_sampling`; the order they apply in: :class:`~dspark_bench.core.verify.Sampling`)."""
+    options = [
+        click.option("--top-p", default=1.0, show_default=True, type=float,
+                     help="Top-p (nucleus): keep the most likely tokens that reach this share of the mass, "
+                          "0 < P <= 1 (1: off). Applied to the target's law and the drafts' laws alike."),
+        click.option("--top-k", default=0, show_default=True, type=int,
+                     help="Top-k: keep the K most likely tokens, an integer >= 0 (0: off)."),
+        click.option("--min-p", default=0.0, show_default=True, type=float,
+                     help="Min-p: keep the tokens at least M times as likely as the most likely one, 0 <= M < 1 "
+                          "(0: off)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def check_sampling(temperature: float, top_p: float, top_k: int, min_p: float):
+    """The :class:`~dspark_bench.core.verify.Sampling` of the options, or bad input naming the option."""
+    from dspark_bench.core.verify import Sampling
+
+    try:
+        return Sampling(temperature, top_p, top_k, min_p)
+    except ValueError as exc:  # its messages begin with the field's name
+        raise click.BadParameter("--" + str(exc).replace("_", "-", 1)) from None
+
+
 class RunProgress:
     """Rich progress bar: requests done, and per drafter the running tau and tokens/s."""
 

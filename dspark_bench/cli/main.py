@@ -9,7 +9,9 @@ from rich.table import Table
 
 from dspark_bench.cli.bench import bench, compare_engines
 from dspark_bench.cli.common import OneLineErrors, stdout
+from dspark_bench.cli.diverge import diverge
 from dspark_bench.cli.export import export
+from dspark_bench.cli.forward import bench_forward
 from dspark_bench.cli.gate import baseline, gate
 from dspark_bench.cli.lmeval import lm_eval_command
 from dspark_bench.cli.lossless import check_lossless
@@ -58,7 +60,7 @@ def list_() -> None:
 
 
 for _command in (run, merge, list_, bench, gate, baseline, check_lossless, report, paper, lm_eval_command, export,
-                 compare_engines, profile, sweep, calibrate, simulate, data, train, study, ship_drafters):
+                 compare_engines, bench_forward, profile, sweep, calibrate, simulate, data, train, study, ship_drafters, diverge):
     main.add_command(_command)
 
 if __name__ == "__main__":

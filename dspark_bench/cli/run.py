@@ -13,11 +13,13 @@ from rich.markup import escape
 from dspark_bench.cli.common import (
     DTYPE_OPTION,
     RunProgress,
+    check_sampling,
     console,
     friendly,
     parse_limit,
     parse_options,
     print_summary,
+    sampling_options,
     stdout,
 )
 
@@ -42,11 +44,13 @@ def serving_options(fn):
         click.option("--request-rate", default=None,
                      help="Open-loop load: requests per second (or 'inf', all at once) on a seeded arrival schedule "
                           "(gaps Gamma(--burstiness), seed = --seed); warm-up excluded. Default: closed loop, "
-                          "--concurrency requests in flight. Engine openai."),
+                          "--concurrency requests in flight. Engines dspark (every drafter on the same schedule) "
+                          "and openai."),
         click.option("--burstiness", default=1.0, show_default=True, type=float,
                      help="Gamma shape of the arrival gaps: 1 = Poisson, < 1 burstier, > 1 more regular."),
         click.option("--max-concurrency", default=None, type=click.IntRange(min=1),
-                     help="With --request-rate: at most this many requests in flight (default: no cap)."),
+                     help="With --request-rate: at most this many requests in flight, our engine's batch cap "
+                          "(default: no cap)."),
         click.option("--slo", default=None,
                      help="Latency SLOs in ms for goodput, e.g. ttft=500,tpot=50,e2el=10000 (any subset)."),
         click.option("--base-url", default=None, help="Engine openai: the server, e.g. http://127.0.0.1:8000/v1."),
@@ -84,12 +88,16 @@ def serving_options(fn):
                    "that --limit 100 adds to --limit 32 (join the runs with `dspark-bench merge`).")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--temperature", default=1.0, show_default=True, type=float)
+@sampling_options
 @click.option("--block-size", default=None, type=int,
               help="Draft tokens per round (gamma). Default: the block size (TTT length) the drafters' checkpoints "
                    f"were trained with, which must agree; {DEFAULT_BLOCK_SIZE} without one. Another value warns.")
 @click.option("--seed", default=980406, show_default=True, type=int,
               help="Base seed; the request of a dataset's i-th prompt uses seed + i.")
 @DTYPE_OPTION
+@click.option("--target-path", default="auto", show_default=True, type=click.Choice(["auto", "fast", "hf"]),
+              help="Our engine's target forward: fast (lean Llama forward, target/fast.py), hf (transformers' own), "
+                   "auto (fast where the architecture is supported, else hf). The manifest records the one that ran.")
 @click.option("--repeats", default=1, show_default=True, type=int, help="Timing repeats (same seeds); medians reported.")
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
 @click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")
@@ -118,8 +126,8 @@ def serving_options(fn):
 @serving_options
 @friendly
 def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit, skip, max_new_tokens, temperature,
-        block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine, engine_opt, workers, ray_address,
-        resume_dir, truncate, allow_errors, **serving):
+        top_p, top_k, min_p, block_size, seed, dtype, repeats, concurrency, out, cache_dir, engine, engine_opt, workers, ray_address,
+        resume_dir, truncate, allow_errors, target_path, **serving):
     """Decode a suite with each drafter through the one engine (or vLLM) and record the results.
 
     Exit status: 0 when every request decoded; 1 when any failed (unless --allow-errors); 2 for bad input, said in
@@ -131,6 +139,10 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
 
     if resume_dir is not None:
         return _resume(click.get_current_context(), resume_dir, cache_dir, allow_errors)
+    check_sampling(temperature, top_p, top_k, min_p)
+    if target_path != "auto" and engine != "dspark":
+        raise click.BadParameter(f"--target-path picks our engine's target forward; --engine {engine} runs its own "
+                                 "(leave --target-path out, or use --engine dspark)")
     suffix = "" if engine == "dspark" else f"-{engine}"
     folder = Path(out or f"results/{time.strftime('%Y%m%d-%H%M%S')}-{Path(target).name}{suffix}")
     check_out_folder(folder)
@@ -148,10 +160,10 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
         raise click.BadParameter(f"--repeats must be >= 1, got {repeats}")
     spec = RunSpec(target=target, drafters=names, drafter_options=options, scheduler=scheduler,
                    scheduler_options=scheduler_opts, profile=profile_path, suite=suite, limit=parse_limit(limit),
-                   skip=skip, max_new_tokens=max_new_tokens, temperature=temperature,
-                   block_size=resolve_block_size(block_size, names, options, target), seed=seed,
+                   skip=skip, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                   min_p=min_p, block_size=resolve_block_size(block_size, names, options, target), seed=seed,
                    dtype=resolve_dtype(dtype),  # what the manifest records: the dtype that ran, not "auto"
-                   repeats=repeats, concurrency=concurrency, truncate=truncate, **load)
+                   repeats=repeats, concurrency=concurrency, truncate=truncate, target_path=target_path, **load)
     prompts = load_suite(suite, spec.limit, skip=skip)
     if not prompts:
         raise click.BadParameter(f"--skip {skip} leaves no prompt: --limit {limit} selects no prompt of {suite!r} "
@@ -164,8 +176,26 @@ def run(target, drafter_list, drafter_opt, scheduler, profile_path, suite, limit
     if any(summary.get("system_tokens_per_s", {}).values()):
         stdout.print("system tokens/s (output tokens / generate wall time): "
                      + ", ".join(f"{n} {v:.1f}" for n, v in summary["system_tokens_per_s"].items() if v))
+    print_serving(summary.get("serving"))
+    if spec.temperature == 0 and engine == "dspark":  # greedy equality with none, divergences judged
+        from dspark_bench.cli.diverge import greedy_after_run
+
+        greedy_after_run(folder, cache_dir)
     stdout.print(f"results written to [bold]{folder}[/]")
     fail_on_errors(folder, allow_errors)
+
+
+def print_serving(serving: dict | None) -> None:
+    """One line per drafter of an open-loop run's serving block (summary.json has them all)."""
+    def num(value, spec: str) -> str:
+        return "–" if value is None else format(value, spec)
+
+    for name, b in (serving or {}).items():
+        good = f", goodput {num(b.get('request_goodput'), '.3g')} req/s" if "request_goodput" in b else ""
+        stdout.print(f"serving {name}: {b['completed']} done, {b['failed']} failed, "
+                     f"{num(b['output_throughput'], '.1f')} tok/s, per user {num(b['per_user_tokens_per_s'], '.1f')} "
+                     f"tok/s, TTFT p90 {num(b['p90_ttft_ms'], '.0f')} ms, TPOT p90 {num(b['p90_tpot_ms'], '.0f')} ms"
+                     + good)
 
 
 def parse_load(serving: dict) -> dict:
@@ -230,8 +260,7 @@ def _resume(ctx: click.Context, folder: Path, cache_dir: str | None, allow_error
     from click.core import ParameterSource
 
     from dspark_bench.engines import engine_class
-    from dspark_bench.engines.native.runner import missing_keys, resume, spec_from_manifest
-    from dspark_bench.evaluation.metrics import summarize
+    from dspark_bench.engines.native.runner import missing_keys, resume, run_summary, spec_from_manifest
     from dspark_bench.evaluation.runs import (
         MANIFEST,
         SUMMARY,
@@ -263,11 +292,12 @@ def _resume(ctx: click.Context, folder: Path, cache_dir: str | None, allow_error
         if (folder / SUMMARY).is_file():
             stdout.print(f"{folder} is complete: nothing to resume")
         else:  # stopped after its last record, before its summary
-            write_json(folder / SUMMARY, summarize(records, spec.block_size))
+            write_json(folder / SUMMARY, run_summary(records, spec))
             stdout.print(f"{folder} holds every record: its missing {SUMMARY} is written")
         return fail_on_errors(folder, allow_errors)
     console.print(f"loading target [bold]{spec.target}[/] ({spec.dtype}) to decode {todo} requests ...")
-    tgt = Target.load(spec.target, dtype=spec.dtype, cache_dir=Path(cache_dir) if cache_dir else None)
+    tgt = Target.load(spec.target, dtype=spec.dtype, cache_dir=Path(cache_dir) if cache_dir else None,
+                      forward_path=spec.target_path)
     with RunProgress(todo, spec.drafters) as progress:
         summary, added = resume(folder, tgt, prompts, on_record=progress.update)
     print_summary(summary)

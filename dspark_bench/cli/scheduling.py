@@ -16,7 +16,7 @@ import click
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dspark_bench.cli.common import DTYPE_OPTION, console, stdout
+from dspark_bench.cli.common import DTYPE_OPTION, check_sampling, console, sampling_options, stdout
 from dspark_bench.cli.common import friendly as _friendly
 from dspark_bench.cli.common import parse_limit as _parse_limit
 from dspark_bench.cli.common import parse_options as _parse_options
@@ -188,24 +188,38 @@ def _print_profile(result) -> None:
 @click.option("--limit", default="4", show_default=True)
 @click.option("--max-new-tokens", default=64, show_default=True, type=int)
 @click.option("--temperature", default=1.0, show_default=True, type=float)
+@sampling_options
 @click.option("--block-size", default=7, show_default=True, type=int)
 @click.option("--seed", default=980406, show_default=True, type=int)
 @click.option("--repeats", default=1, show_default=True, type=int, help="Passes over the prompts (ABBA order).")
 @click.option("--profile", "profile_path", default=None, help="profile.json; default: measure into OUT/profile.json.")
 @click.option("--out", default=None, help="Sweep folder. Default: results/sweep-<time>.")
+@click.option("--request-rate", "request_rates", default=None,
+              help="Comma list of request rates (requests/s): open-loop levels in place of --concurrency, every "
+                   "cell of a rate on the same seeded arrival schedule; sweep.json's 'serving' compares each "
+                   "method with none (per-user tok/s at equal system tok/s; highest rate within --slo tpot).")
+@click.option("--burstiness", default=1.0, show_default=True, type=float,
+              help="With --request-rate: gamma shape of the arrival gaps (1 = Poisson).")
+@click.option("--max-concurrency", default=None, type=click.IntRange(min=1),
+              help="With --request-rate: at most this many requests in flight (default: no cap).")
+@click.option("--slo", default=None, help="With --request-rate: latency SLOs in ms, e.g. tpot=400 (goodput; the "
+                                          "sustained rate reads tpot at p90).")
 @_threads_opt
 @_friendly
 def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_opt, concurrency, fixed_lengths,
-          threshold_sweep, thetas, baseline, suite, limit, max_new_tokens, temperature, block_size, seed, repeats,
-          profile_path, out, threads):
-    """Concurrency x scheduler sweep through the engine (same prompts and seeds in every cell)."""
+          threshold_sweep, thetas, baseline, suite, limit, max_new_tokens, temperature, top_p, top_k, min_p, block_size,
+          seed, repeats, profile_path, out, request_rates, burstiness, max_concurrency, slo, threads):
+    """Concurrency x scheduler sweep through the engine (same prompts and seeds in every cell); with
+    --request-rate, a request-rate x scheduler sweep under open-loop load."""
     from dspark_bench.evaluation.suites import load_suite
     from dspark_bench.scheduling.profile import save_profile
     from dspark_bench.scheduling.schedulers import parse_scheduler, scheduler_class, split_schedulers
     from dspark_bench.studies.sweep import SweepSpec, run_sweep
 
     _threads(threads)
+    check_sampling(temperature, top_p, top_k, min_p)
     dtype = _resolve_dtype(dtype)
+    load = _rate_levels(click.get_current_context(), request_rates, burstiness, max_concurrency, slo)
     schedulers = split_schedulers(scheduler_list)
     for item in schedulers:
         scheduler_class(parse_scheduler(item)[0])
@@ -215,7 +229,7 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
                      fixed_lengths=_ints(fixed_lengths) if fixed_lengths else (),
                      thetas=_floats(thetas) if threshold_sweep else None, baselines=_names(baseline), repeats=repeats,
                      suite=suite, limit=_parse_limit(limit), max_new_tokens=max_new_tokens, temperature=temperature,
-                     block_size=block_size, seed=seed, dtype=dtype)
+                     top_p=top_p, top_k=top_k, min_p=min_p, block_size=block_size, seed=seed, dtype=dtype, **load)
     folder = Path(out or f"results/sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     prompts = load_suite(suite, spec.limit, seed)
     _say_skipped(spec)
@@ -231,7 +245,32 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
         console.print(f"engine profile measured in {time.perf_counter() - start:.0f} s")
     result = run_sweep(spec, tgt, prompts, folder, profile_path, on_cell=_print_cell)
     _print_rows(result["rows"])
+    if "serving" in result:
+        _print_serving(result["rows"], result["serving"])
     stdout.print(f"written to {folder / 'sweep.json'}")
+
+
+def _rate_levels(ctx: click.Context, rates: str | None, burstiness: float, max_concurrency: int | None,
+                 slo: str | None) -> dict:
+    """The SweepSpec fields of a request-rate sweep (nothing for a concurrency sweep)."""
+    from click.core import ParameterSource
+
+    from dspark_bench.core.arrivals import parse_rate
+    from dspark_bench.evaluation.serving import parse_slo
+
+    if rates is None:
+        if max_concurrency is not None or burstiness != 1.0 or slo:
+            raise click.BadParameter("--max-concurrency, --burstiness and --slo shape open-loop load: give "
+                                     "--request-rate too")
+        return {}
+    if ctx.get_parameter_source("concurrency") == ParameterSource.COMMANDLINE:
+        raise click.BadParameter("--request-rate replaces the --concurrency levels: give one of them (cap the "
+                                 "requests in flight with --max-concurrency)")
+    levels = tuple(parse_rate(r.strip()) for r in rates.split(",") if r.strip())
+    if not levels or len(set(levels)) != len(levels):
+        raise click.BadParameter(f"--request-rate {rates!r}: give a comma list of distinct rates, e.g. 0.25,0.5,1")
+    return {"request_rates": tuple(sorted(levels)), "burstiness": burstiness, "max_concurrency": max_concurrency,
+            "slo": parse_slo(slo) if slo else {}}
 
 
 def _say_skipped(spec) -> None:
@@ -252,6 +291,26 @@ def _print_cell(row: dict) -> None:
 
 def _f(value, spec=".2f") -> str:
     return "–" if value is None else format(value, spec)
+
+
+def _print_serving(rows: list[dict], serving: dict) -> None:
+    """The request-rate cells' serving numbers, then each method against none."""
+    table = Table(title="serving (system tok/s = output tokens / run span; per-user tok/s = 1000 / mean TPOT)")
+    for col in ("method", "req/s", "system tok/s", "per-user tok/s", "p90 TPOT ms", "p90 TTFT ms", "goodput"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in rows:
+        table.add_row(f"{r['drafter']} {r['label']}", _f(r["request_rate"], "g"), _f(r["output_throughput"]),
+                      _f(r["per_user_tokens_per_s"]), _f(r["p90_tpot_ms"], ".0f"), _f(r["p90_ttft_ms"], ".0f"),
+                      _f(r["request_goodput"], ".3f"))
+    stdout.print(table)
+    for m in serving["methods"]:
+        sus = m["sustained"]
+        line = (f"{m['method']} vs {serving['baseline']}: per-user tok/s at equal system tok/s x"
+                f"{_f(m['ratio_min'])}–{_f(m['ratio_max'])} over {len(m['equal_throughput'])} throughputs")
+        if sus is not None:
+            line += (f"; highest rate within p90 TPOT {serving['tpot_slo_ms']:g} ms {_f(sus['rate'], '.3g')} req/s "
+                     f"({sus['bound']}), x{_f(m['rate_ratio'])} none's ({m['rate_ratio_kind'] or 'withheld'})")
+        stdout.print(line)
 
 
 def _print_rows(rows: list[dict]) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from dspark_bench.core.rounds import RequestResult
+from dspark_bench.core.rounds import RequestResult, Served
 
 
 class ResultsError(ValueError):
@@ -73,7 +73,20 @@ def record_from_result(result: RequestResult, drafter: str, scheduler: str, inde
         ttft_s=result.ttft_s, decode_s=result.decode_s,
         confidence=tuple(tuple(r.confidence or ()) for r in rounds) if has_conf else None,
         batch=tuple(r.batch for r in rounds), error=result.error, waiting=tuple(r.waiting for r in rounds),
+        **serving_fields(result.served),
     )
+
+
+def serving_fields(served: Served | None) -> dict[str, Any]:
+    """The record's serving fields from an open-loop request's times (nothing for closed-loop load): queue =
+    admission - arrival, ITL = the gaps between its deliveries (a round's tokens arrive together), E2EL = last
+    delivery - arrival (None when it failed before its first token)."""
+    if served is None:
+        return {}
+    d = served.delivered_s
+    return {"arrival_s": served.arrival_s, "queue_s": served.admitted_s - served.arrival_s,
+            "itl_s": tuple(b - a for a, b in zip(d, d[1:], strict=False)),
+            "e2el_s": d[-1] - served.arrival_s if d else None}
 
 
 SERVING_FIELDS = ("arrival_s", "queue_s", "itl_s", "e2el_s")

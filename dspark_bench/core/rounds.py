@@ -31,6 +31,7 @@ class Request:
     dataset: str = ""
     domain: str = ""
     prompt_id: str = ""
+    arrival_s: float | None = None  # open-loop load: when it arrives, s from the session's start; None: closed loop
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ class RoundStats:
 
 
 @dataclass(frozen=True)
+class Served:
+    """When an open-loop request arrived, was admitted and got its tokens, in seconds on its session's clock
+    (:class:`~dspark_bench.core.timing.StepClock`). ``delivered_s``: the end of its admission (the first token),
+    then the end of every round it took part in (each commits at least one token); empty when it failed before
+    its first token."""
+
+    arrival_s: float
+    admitted_s: float
+    delivered_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class RequestResult:
     request: Request
     status: str  # "ok" or "error"
@@ -67,3 +80,4 @@ class RequestResult:
     decode_s: float  # sum of the request's rounds' wall times
     finish: str  # "eos", "length" or "error"
     error: str | None = None
+    served: Served | None = None  # open-loop load only

@@ -5,9 +5,9 @@ Notation, fixed once for the whole package (Leviathan et al. 2023; Chen et al. 2
 
 * ``p``: the **target** distribution, the law the output must follow. In a round that verifies ``l_r`` draft
   tokens of request r the target is run on ``[current, x_1..x_l]`` and ``p_j`` (j = 0..l) is its distribution
-  for the token after slot j, at the sampling temperature.
+  for the token after slot j, processed as the run samples (:func:`to_probs`).
 * ``q``: the **draft** distribution. ``q_j`` is *exactly* the law draft token ``x_j`` was sampled from (same
-  temperature, dtype and Markov correction). ``q = None`` means deterministic drafts, i.e. one-hot ``q``.
+  sampling, dtype and Markov correction). ``q = None`` means deterministic drafts, i.e. one-hot ``q``.
 * **accepted**: draft token ``x_j`` survives with probability ``min(1, p_{j-1}(x_j) / q_j(x_j))`` given that
   ``x_1..x_{j-1}`` survived. ``A`` is the length of the leading run of survivors (at most ``l``).
 * **recovered** token: at the first rejection (``A < l``) the target's token is drawn from
@@ -19,8 +19,9 @@ Shapes: a round pads every request's block to the longest, ``k = max_r l_r``: ``
 [R, k], ``q`` [R, k, V], ``lengths`` [R] (the l_r); slots at or beyond ``l_r`` are padding and never read as
 anything but padding. All of it stays on the device it came on; the result is three [R] tensors.
 
-Temperature applies to ``p`` and ``q`` alike through :func:`to_probs`; temperature 0 is the same code with
-one-hot distributions (greedy). Randomness is an argument (:class:`Draws`): the uniforms of the acceptance
+Sampling (:class:`Sampling`: temperature, top-k, top-p, min-p) applies to ``p`` and ``q`` alike through
+:func:`to_probs`: ``p`` is the target's *processed* law, the law the output must follow, and each ``q`` the processed
+law its token was drawn from. Temperature 0 is the same code with one-hot distributions (greedy). Randomness is an argument (:class:`Draws`): the uniforms of the acceptance
 tests and of the recovered/bonus draw, which the engine computes from (request seed, position, purpose) with
 :mod:`dspark_bench.core.rng`. Every draw is by inverse CDF with one uniform (:func:`sample`), so a rule's output is
 a piecewise-constant function of its uniforms and the exact enumeration of :mod:`dspark_bench.lossless.exact`
@@ -29,6 +30,8 @@ integrates it.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,19 +85,136 @@ class Draws:
     token: torch.Tensor
 
 
-def to_probs(logits: torch.Tensor, temperature: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Sampling distribution for ``logits`` (``[..., V]``) at ``temperature``, in float32 (written into ``out``
-    when given: a float32 tensor of the same shape, e.g. one slot of a preallocated [R, G, V] law).
+@dataclass(frozen=True)
+class Sampling:
+    """How a law is made from logits: what users set as temperature, top-k, top-p and min-p.
 
-    Temperature 0 gives the one-hot distribution of the argmax (greedy decoding).
+    Order of operations, as in vLLM's sampler (``vllm/v1/sample/sampler.py``, ``Sampler`` steps 7b-7d: temperature,
+    then the argmax-invariant min-p processor, then ``apply_top_k_top_p``; the same order in its model runner v2,
+    ``vllm/v1/worker/gpu/sample/sampler.py``):
+
+    1. **temperature** T: logits / T (T = 0: greedy, the one-hot law of the argmax; the filters below always keep
+       the argmax, so greedy stays greedy whatever they are);
+    2. **min-p** m on the tempered law: keep the tokens with ``p(x) >= m * max p`` (0 = off);
+    3. **top-k** k: keep the tokens whose tempered logit is at least the k-th largest, ties with it included (0 = off);
+    4. **top-p** P over what steps 2 and 3 kept, renormalised: keep each token whose strictly more likely kept
+       tokens carry less than P of that mass, i.e. the smallest most-likely prefix reaching P, a tie kept or
+       dropped whole (1 = off; vLLM's sort may split a tie at the cut).
+
+    The processed law is the tempered softmax renormalised over the kept tokens, exactly zero elsewhere. Min-p
+    compares ratios to the maximum, which renormalising does not change, so steps 2 and 3 commute and min-p may be
+    read on the tempered law; only top-p depends on the order (Hugging Face applies top-k, top-p, then min-p: the
+    two differ only when min-p and top-p both cut).
     """
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    def __post_init__(self):
+        if not _real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")  # NaN passes < 0
+        if not _real(self.top_p) or not 0 < self.top_p <= 1:  # NaN fails 0 < x
+            raise ValueError(f"top_p must be a number in (0, 1] (1: off), got {self.top_p!r}")
+        if not isinstance(self.top_k, numbers.Integral) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if not _real(self.min_p) or not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be a number in [0, 1) (0: off), got {self.min_p!r}")
+
+    @property
+    def filtered(self) -> bool:
+        """True when a filter is on (the law is not the plain tempered softmax)."""
+        return self.top_p < 1 or self.top_k > 0 or self.min_p > 0
+
+    @property
+    def label(self) -> str:
+        """The temperature and the filters that are on, e.g. ``T=0.8 top-k=40 top-p=0.9``."""
+        parts = [f"T={self.temperature:g}", *(f"{name}={value:g}" for name, value, off in (
+            ("top-k", self.top_k, 0), ("top-p", self.top_p, 1), ("min-p", self.min_p, 0)) if value != off)]
+        return " ".join(parts)
+
+    @staticmethod
+    def of(sampling: Sampling | float) -> Sampling:
+        """``sampling`` itself, or ``Sampling(temperature)`` for a bare temperature."""
+        return sampling if isinstance(sampling, Sampling) else Sampling(sampling)
+
+
+def _real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def to_probs(logits: torch.Tensor, sampling: Sampling | float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Sampling distribution for ``logits`` (``[..., V]``) under ``sampling`` (a :class:`Sampling`, or a bare
+    temperature), in float32 (written into ``out`` when given: a float32 tensor of the same shape, e.g. one slot
+    of a preallocated [R, G, V] law).
+
+    Temperature 0 gives the one-hot distribution of the argmax (greedy decoding), whatever the filters. Without
+    filters this is the tempered softmax, bit for bit the same operations as for a bare temperature.
+    """
+    temperature = sampling.temperature if isinstance(sampling, Sampling) else sampling
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         hot = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device) if out is None else out.zero_()
         return hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     scaled = logits.float() if temperature == 1 else logits.float() / temperature  # x / 1 == x: skip the copy
+    if isinstance(sampling, Sampling) and sampling.filtered:
+        scaled = scaled.masked_fill(scaled < kept_floor(scaled, sampling), float("-inf"))  # new: logits untouched
     return torch.softmax(scaled, dim=-1) if out is None else torch.softmax(scaled, dim=-1, out=out)
+
+
+def kept_floor(scaled: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The smallest tempered logit [..., 1] the filters of ``sampling`` keep, from tempered logits ``scaled``
+    ([..., V], float32), in :class:`Sampling`'s order: every filter keeps the tokens at or above a logit, so
+    their intersection is one floor. No softmax over V is made for min-p or top-k."""
+    vocab, floor, top = scaled.shape[-1], None, None
+    if sampling.min_p > 0:  # p(x) >= m * max p  <=>  logit(x) >= max logit + log m
+        floor = scaled.amax(-1, keepdim=True) + math.log(sampling.min_p)
+    if 0 < sampling.top_k < vocab:
+        top = scaled.topk(sampling.top_k, dim=-1).values  # [..., k], descending
+        floor = _raise(floor, top[..., -1:])
+    if sampling.top_p < 1:
+        floor = _raise(floor, _top_p_floor(scaled, floor, top, sampling.top_p))
+    return scaled.new_full((*scaled.shape[:-1], 1), float("-inf")) if floor is None else floor
+
+
+_TOP_P_CANDIDATES = 1024  # top-p without top-k looks for its cut among this many most likely tokens first
+
+
+def _raise(floor: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
+    return other if floor is None else torch.maximum(floor, other)
+
+
+def _top_p_floor(scaled: torch.Tensor, floor: torch.Tensor | None, top: torch.Tensor | None,
+                 top_p: float) -> torch.Tensor:
+    """Top-p's floor [..., 1] over the tokens at or above ``floor`` (None: all). ``top``: top-k's values
+    ([..., k], descending), which hold the cut. Without them the cut is looked for among the
+    :data:`_TOP_P_CANDIDATES` most likely tokens (a partial sort: a full one over 49,152 tokens took 7x as
+    long on the CPU), and every row is sorted in full only when some row's cut lies beyond them (one host sync)."""
+    vocab = scaled.shape[-1]
+    masked = scaled if floor is None else scaled.masked_fill(scaled < floor, float("-inf"))
+    lse = torch.logsumexp(masked, -1, keepdim=True)  # [..., 1]: log of the kept mass
+
+    def cut(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _cut(values if floor is None else values.masked_fill(values < floor, float("-inf")), lse, top_p)
+
+    if top is not None or vocab <= _TOP_P_CANDIDATES:
+        return cut(top if top is not None else scaled.sort(-1, descending=True).values)[0]
+    found, inside = cut(scaled.topk(_TOP_P_CANDIDATES, dim=-1).values)
+    return found if bool(inside.all()) else cut(scaled.sort(-1, descending=True).values)[0]
+
+
+def _cut(top: torch.Tensor, lse: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(floor [..., 1], cut inside [...]): the smallest of the descending logits ``top`` ([..., n], -inf where an
+    earlier filter cut; ties beyond n share the last value) whose strictly more likely tokens hold less than
+    ``top_p`` of the kept mass ``exp(lse)``; and whether a token of ``top`` is dropped (the cut lies within n)."""
+    mass = (top - lse).double().exp()  # [..., n], renormalised over the kept tokens
+    before = torch.cumsum(mass, -1) - mass  # mass ahead of each position
+    first = torch.searchsorted(-top, -top)  # first position of each value's tie (-top ascends)
+    above = before.gather(-1, first)  # mass of the strictly more likely tokens
+    keep = above < top_p
+    return torch.where(keep, top, float("inf")).amin(-1, keepdim=True), (~keep).any(-1)
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 
 from dspark_bench.core import rng
 from dspark_bench.core.timing import Timer
-from dspark_bench.core.verify import sample
+from dspark_bench.core.verify import Sampling, sample
 
 if TYPE_CHECKING:
     from dspark_bench.core.verify import Verdict
@@ -68,16 +68,25 @@ class RoundTiming:
 
 @dataclass(eq=False)
 class DraftContext:
-    """Run-wide facts plus the active slots in batch order."""
+    """Run-wide facts plus the active slots in batch order. ``sampling``: how every law is made from logits
+    (temperature and filters); a drafter draws with it (``DraftHead.draw(logits, ctx.sampling, ...)``) so that
+    its q is the processed law, as the target's p is. A bare temperature is read as ``Sampling(temperature)``."""
 
     target: Target
-    temperature: float
+    sampling: Sampling
     block_size: int  # the most draft tokens one round may propose (gamma)
     slots: list[Slot] = field(default_factory=list)
     timer: Timer = field(default_factory=Timer)  # spans "forward", "head", "sample" (see dspark_bench.core.timing)
     drafter: str = ""  # the drafter's registry name (a scheduler looks up its cost in the profile by it)
     last_round: RoundTiming | None = None  # set by the engine after each round
     reports_rounds: bool = False  # the engine will set last_round (a scheduler may wait for the first one)
+
+    def __post_init__(self):
+        self.sampling = Sampling.of(self.sampling)
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling.temperature
 
     def draft_uniforms(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """Uniforms [R, n] (float64) for draft tokens 1..n of every slot: key (seed, position + j, DRAFT)."""

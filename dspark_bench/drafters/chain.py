@@ -356,7 +356,7 @@ class ChainDrafter(Drafter):
             with timer.span("forward"):
                 logits = self.model.logits(hidden[:, -1], compact=True)  # [R, N], head space
             with timer.span("sample"):
-                tokens[:, j] = head.draw(logits, ctx.temperature, u[:, j], q[j])  # q[j]: [R, V]
+                tokens[:, j] = head.draw(logits, ctx.sampling, u[:, j], q[j])  # q[j]: [R, V]
             if j == steps - 1:
                 break
             with timer.span("forward"):

@@ -1,5 +1,5 @@
 """``dflash``: DFlash as DeepSeek implements it (reference 2.1): the DSpark block backbone without the Markov and
-confidence heads. All G tokens are sampled independently, ``x_k ~ q_k = to_probs(U_k, T)``; the loss is the
+confidence heads. All G tokens are sampled independently, ``x_k ~ q_k = to_probs(U_k, sampling)``; the loss is the
 weighted cross-entropy alone (decay gamma_w as for DSpark).
 """
 
@@ -60,5 +60,5 @@ class DFlashDrafter(BlockDrafter):
         u = ctx.draft_uniforms(size, h.device)
         with ctx.timer.span("sample"):
             q = head.law_buffer(rows, size, device=logits.device)  # [R, G, V]
-            tokens = head.draw(logits, ctx.temperature, u, q)  # [R, G], one batched draw
+            tokens = head.draw(logits, ctx.sampling, u, q)  # [R, G], one batched draw
         return Proposal(tokens, torch.full((rows,), size, dtype=torch.long), q)

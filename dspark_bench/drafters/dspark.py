@@ -2,7 +2,7 @@
 
 * **Markov head** (``vanilla``): ``logits_k = U_k + E[x_{k-1}] P`` with ``E`` = ``markov_w1`` [V, r] and ``P`` =
   ``markov_w2`` (Linear r -> V, no bias); ``x_0`` is the anchor. At inference the block is sampled left to right:
-  ``q_k = to_probs(logits_k, T)`` and ``x_k ~ q_k`` for all requests at once with the engine's sampler and
+  ``q_k = to_probs(logits_k, sampling)`` (temperature and filters) and ``x_k ~ q_k`` for all requests at once with the engine's sampler and
   the requests' draft uniforms, and exactly that ``q_k`` goes to the verifier. In training ``x_{k-1}`` is the ground-truth token (teacher forcing, fully parallel).
   Variants (``markov_head_type``): ``gated``, ``beta = P (sigmoid(W_g [h_k; e]) * e)``; ``rnn`` (paper eq. 6),
   ``s_k = sigmoid(g) s_{k-1} + (1 - sigmoid(g)) tanh(c)``, ``beta = P tanh(o)``, with ``(g, c, o)`` a linear map
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_bench.core.timing import Timer
+from dspark_bench.core.verify import Sampling
 from dspark_bench.drafters.base import DraftContext, Proposal
 from dspark_bench.drafters.blockdraft import MARKOV_HEAD_TYPES, Arch, BlockDraftModel
 from dspark_bench.drafters.blockdrafter import BlockConfig, BlockDrafter
@@ -113,7 +114,7 @@ class ConfidenceHead(nn.Module):
 
 
 def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, head: MarkovHead | None,
-                  temperature: float, u: torch.Tensor, timer: Timer | None = None,
+                  sampling: Sampling | float, u: torch.Tensor, timer: Timer | None = None,
                   draft_head: DraftHead | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-to-right sampling of R blocks, batched over requests and on the device. base [R, G, N] fp32 logits U
     in ``draft_head``'s head space (N = V for the full head, the default); h [R, G, d]; anchors [R]; u [R, G] the
@@ -140,7 +141,7 @@ def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, he
                 bias, state = head.step(h[:, k], prev, state, compact=True)
                 logits = logits + bias
         with timer.span("sample"):
-            prev = draft_head.draw(logits, temperature, u[:, k], q[k])
+            prev = draft_head.draw(logits, sampling, u[:, k], q[k])
         drawn.append(prev)
     tokens = torch.stack(drawn, dim=1)  # [R, G]
     return tokens, q.transpose(0, 1), torch.cat([anchors.unsqueeze(1), tokens[:, :-1]], dim=1)
@@ -203,7 +204,7 @@ class DSparkDrafter(BlockDrafter):
         anchors = to_device([s.tokens[-1] for s in ctx.slots], h.device)
         head = self.model.markov_head if self.config.markov else None
         u = ctx.draft_uniforms(base.shape[1], h.device)
-        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.temperature, u, ctx.timer, self.model.draft_head)
+        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.sampling, u, ctx.timer, self.model.draft_head)
         with ctx.timer.span("forward"):
             logit = self.model.confidence_logit(h, prev)
             confidence = None if logit is None else torch.sigmoid(logit.float())

@@ -9,8 +9,8 @@ Terms:
 * :class:`DraftHead`: the target's frozen LM head restricted to the rows of ``S``. Its logits cost one matmul
   with N rows instead of V (the saving: SmolLM2's head is 28M of the ~40M multiply-adds of a drafted token).
   ``logits`` returns them in full space with ``-inf`` outside ``S``, so ``verify.to_probs`` gives the draft law
-  ``q`` with exact zeros outside ``S`` (softmax over ``S`` at the sampling temperature; argmax over ``S`` at
-  T = 0). ``q`` is exactly the law the token is drawn from, the target verifies over all V tokens, and
+  ``q`` with exact zeros outside ``S`` (softmax over ``S`` at the sampling temperature, after any top-k /
+  top-p / min-p filter; argmax over ``S`` at T = 0). ``q`` is exactly the law the token is drawn from, the target verifies over all V tokens, and
   speculative sampling stays lossless for any ``S`` (tested by enumeration).
 
 Training over ``S`` (used by every trainable drafter's loss):
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from dspark_bench.core.verify import sample, to_probs
+from dspark_bench.core.verify import Sampling, sample, to_probs
 
 if TYPE_CHECKING:
     from dspark_bench.target.model import Target
@@ -234,18 +234,23 @@ class DraftHead:
         make = torch.empty if self.ids is None else torch.zeros
         return make(*shape, self.vocab_size, dtype=torch.float32, device=device)
 
-    def draw(self, logits: torch.Tensor, temperature: float, u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def draw(self, logits: torch.Tensor, sampling: Sampling | float, u: torch.Tensor, out: torch.Tensor
+             ) -> torch.Tensor:
         """Draft tokens [...] (target ids) from head-space logits [..., N] (:meth:`sub_logits`, plus any head-space
-        bias) at ``temperature`` with uniforms u [...] (float64), writing the law they were drawn from into ``out``
-        [..., V] (from :meth:`law_buffer`).
+        bias) under ``sampling`` (``DraftContext.sampling``, or a bare temperature) with uniforms u [...] (float64),
+        writing the law they were drawn from into ``out`` [..., V] (from :meth:`law_buffer`).
 
         With a list, the softmax and the inverse-CDF search run over the N columns, and the law the token is drawn
         from goes to S's columns of ``out``: the law of drawing over the full logits with -inf outside S (up to the
         float32 rounding of a softmax summed over N values instead of V), at N/V of the cost. The ids ascend, so the
-        head-space CDF is the full CDF without its zero steps."""
+        head-space CDF is the full CDF without its zero steps.
+
+        The filters then see only S's logits, as they would see the full logits with -inf outside S: a token outside
+        S is never among the top-k (when fewer than k are in S no filter cuts, and it has no mass anyway), adds no
+        mass to top-p's sum and stays below min-p's floor."""
         if self.ids is None:
-            return sample(to_probs(logits, temperature, out=out), u)
-        probs = to_probs(logits, temperature)  # [..., N]
+            return sample(to_probs(logits, sampling, out=out), u)
+        probs = to_probs(logits, sampling)  # [..., N]
         ids = self.ids.to(probs.device)
         out.scatter_(-1, ids.expand_as(probs), probs)
         return ids[sample(probs, u)]

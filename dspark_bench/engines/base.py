@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from dspark_bench.core.arrivals import Arrivals
 from dspark_bench.core.records import RequestRecord
+from dspark_bench.core.verify import Sampling
 from dspark_bench.evaluation.suites import Prompt
 
 
@@ -44,9 +46,13 @@ class RunSpec:
     skip: int = 0  # the prompts that ``limit = skip`` selects were left out (suites.load_suite)
     max_new_tokens: int = 128
     temperature: float = 1.0
+    top_p: float = 1.0  # sampling filters (core.verify.Sampling), applied to the target's p and the draft's q alike
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
     block_size: int = 7
     seed: int = 980406
     dtype: str = "bf16"
+    target_path: str = "auto"  # the target's decoder forward: fast, hf, or auto (target.model.resolve_forward_path)
     repeats: int = 1
     concurrency: int = 1
     warmup: bool = True
@@ -57,6 +63,11 @@ class RunSpec:
     burstiness: float = 1.0
     max_concurrency: int | None = None
     slo: dict[str, float] = field(default_factory=dict)  # ms bounds on ttft / tpot / e2el: the summary's goodput
+
+    @property
+    def sampling(self) -> Sampling:
+        """The temperature and filters every engine samples with (validated here: bad values raise ValueError)."""
+        return Sampling(self.temperature, self.top_p, self.top_k, self.min_p)
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,18 @@ def refuse_server_options(engine: str, options: EngineOptions) -> None:
     if given:
         raise EngineError(f"{', '.join(given)} configure(s) the server engine: give it with --engine openai, not "
                           f"--engine {engine}")
+
+
+def arrival_schedule(spec: RunSpec) -> Arrivals | None:
+    """The seeded arrival schedule of an open-loop run (seed = the run's seed; request i of the prompt list arrives
+    at ``times(n)[i]``), the same for every engine; None for closed-loop load."""
+    return None if spec.request_rate is None else Arrivals(spec.request_rate, spec.burstiness, spec.seed)
+
+
+def load_facts(spec: RunSpec) -> dict:
+    """What a manifest records of the load (``engine.arrivals``): the schedule, or the closed loop's concurrency."""
+    arrivals = arrival_schedule(spec)
+    return arrivals.to_json() if arrivals else {"closed_loop": spec.concurrency}
 
 
 ENGINES: dict[str, type[Engine]] = {}

@@ -40,7 +40,9 @@ Decision rules:
   baseline's most in any of its runs fails, whatever the other checks say (they judge ``ok`` records only).
 * **present**: a baseline drafter absent from the new runs fails, as does one absent from their temperature-0
   records when the baseline has them.
-* **greedy equality** and **lossless verdicts**: any mismatch or failed verdict fails; a baseline with lossless
+* **greedy equality** and **lossless verdicts**: any mismatch or failed verdict fails, except a greedy divergence
+  from ``none`` that ``run``'s forensics judged floating-point (a near-tie of the target's argmax that a verify
+  block and a one-token decode round apart; :mod:`dspark_bench.studies.diverge`); a baseline with lossless
   rows needs a ``lossless.json`` in the new runs, and a baseline with temperature-0 records needs such records
   (else both fail). ``sampled_only`` (for measuring the gate's error rates on sampled reruns) skips these two.
   With it, ``drafters`` may name the drafters to judge: a rerun that decodes only a degraded drafter (and
@@ -72,7 +74,7 @@ import numpy as np
 
 from dspark_bench.core.records import RequestRecord
 from dspark_bench.evaluation.metrics import count_rounds
-from dspark_bench.evaluation.runs import SUMMARY, read_json, read_manifest, read_records
+from dspark_bench.evaluation.runs import SUMMARY, UNRECORDED, read_json, read_manifest, read_records
 
 BASELINE_FILE = "baseline.json"
 LOSSLESS_FILE = "lossless.json"
@@ -118,8 +120,10 @@ class Check:
 # ---- settings: what a run must share with its baseline ---------------------------------------------------------
 # The run settings (manifest ``args``) that change what the gate measures (module docstring, "Settings").
 GATED_SETTINGS = ("target", "engine", "engine_options", "dtype", "suite", "limit", "skip", "max_new_tokens",
-                  "temperature", "block_size", "concurrency", "warmup", "scheduler", "scheduler_options", "profile")
-_UNRECORDED = {"engine": "dspark"}  # runs of our engine record no engine name
+                  "temperature", "top_p", "top_k", "min_p", "block_size", "concurrency", "warmup", "scheduler",
+                  "scheduler_options", "profile")
+# Runs of our engine record no engine name; runs from before the sampling filters sampled without them.
+_UNRECORDED = {"engine": "dspark", **UNRECORDED}
 _MISSING = object()  # a setting a manifest does not record
 
 
@@ -185,6 +189,7 @@ def snapshot(runs: list[Path]) -> dict:
     prompts (other seeds) are pooled: each prompt's counts are summed over the runs."""
     sampled: list[list[RequestRecord]] = []  # one list per sampled run
     greedy: list[RequestRecord] = []
+    explained: set[tuple[str, str, str, int]] = set()  # greedy divergences judged floating-point by `run`
     errors: dict[str, list[int]] = {}  # drafter -> failed requests per run
     speedups: dict[str, list[float]] = {}
     gammas, seeds = set(), []
@@ -200,6 +205,7 @@ def snapshot(runs: list[Path]) -> dict:
             seeds.append(manifest["args"].get("seed"))
         else:
             greedy.extend(recs)
+            explained |= _explained_divergences(run)
         if manifest["args"]["temperature"] > 0 and (run / SUMMARY).is_file():
             for g in _summary_groups(run):
                 if g["scope"] == "all" and g["drafter"] != "none":
@@ -212,7 +218,7 @@ def snapshot(runs: list[Path]) -> dict:
         "gamma": gamma,
         "sampled_seeds": seeds,
         "has_greedy": bool(greedy),
-        "drafters": {d: {**_drafter_snapshot(d, sampled, greedy, speedups.get(d, []), gamma),
+        "drafters": {d: {**_drafter_snapshot(d, sampled, greedy, speedups.get(d, []), gamma, explained),
                          "errors_per_run": errors.get(d, [])} for d in drafters},
         "lossless": _lossless(runs),
     }
@@ -227,7 +233,7 @@ def _summary_groups(run: Path) -> list[dict]:
     return groups
 
 
-def _drafter_snapshot(name, sampled, greedy, speedups, gamma) -> dict:
+def _drafter_snapshot(name, sampled, greedy, speedups, gamma, explained=frozenset()) -> dict:
     domains: dict[str, dict[str, list[int]]] = {}
     per_run: list[dict[str, list[int]]] = []  # each sampled run's own (committed, rounds) per prompt
     per_prompt: dict[str, list[list[int]]] = {}
@@ -254,17 +260,31 @@ def _drafter_snapshot(name, sampled, greedy, speedups, gamma) -> dict:
         "positions": {"examined": examined.tolist(), "accepted": accepted.tolist()},
         "position_prompts": per_prompt,
         "speedup_repeats": speedups,
-        "greedy_equal": _greedy_equal(name, greedy),
+        "greedy_equal": _greedy_equal(name, greedy, explained),
     }
 
 
-def _greedy_equal(name: str, greedy: list[RequestRecord]) -> bool | None:
-    """True iff every temperature-0 output of ``name`` equals ``none``'s on the same prompt; None if no data."""
+def _greedy_equal(name: str, greedy: list[RequestRecord], explained=frozenset()) -> bool | None:
+    """True iff every temperature-0 output of ``name`` equals ``none``'s on the same prompt, or differs where
+    ``run``'s forensics judged the divergence floating-point (``explained``: (drafter, dataset, prompt, repeat));
+    None if no data."""
     ref = {(r.dataset, r.prompt_id, r.repeat): r.output_ids for r in greedy if r.drafter == "none"}
     mine = [r for r in greedy if r.drafter == name and (r.dataset, r.prompt_id, r.repeat) in ref]
     if name == "none" or not mine:
         return None
-    return all(ref[(r.dataset, r.prompt_id, r.repeat)] == r.output_ids for r in mine)
+    return all(ref[(r.dataset, r.prompt_id, r.repeat)] == r.output_ids
+               or (name, r.dataset, r.prompt_id, r.repeat) in explained for r in mine)
+
+
+def _explained_divergences(run: Path) -> set[tuple[str, str, str, int]]:
+    """The greedy divergences from ``none`` that ``run`` judged floating-point (its summary's
+    ``greedy_equality``, :func:`dspark_bench.studies.diverge.greedy_equality`): a near-tie of the argmax flipped by
+    rounding, not a bug. A run without that judgement explains none."""
+    if not (run / SUMMARY).is_file():
+        return set()
+    report = read_json(run / SUMMARY, f"the {SUMMARY} that dspark-bench run writes").get("greedy_equality") or {}
+    return {(name, f["dataset"], f["prompt_id"], f["repeat"]) for name, g in report.items()
+            for f in g.get("divergences", []) if f.get("verdict") == "floating-point"}
 
 
 def _lossless(runs: list[Path]) -> list[dict]:

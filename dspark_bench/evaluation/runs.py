@@ -242,8 +242,10 @@ def _git_state() -> dict[str, Any]:
 
 # Settings that must agree for run parts to be one run (the prompts, limit and skip may differ).
 MERGE_SAME = ("target", "drafters", "drafter_options", "scheduler", "scheduler_options", "profile", "max_new_tokens",
-              "temperature", "block_size", "seed", "dtype", "repeats", "concurrency", "truncate", "engine",
-              "request_rate", "burstiness", "max_concurrency")
+              "temperature", "top_p", "top_k", "min_p", "block_size", "seed", "dtype", "repeats", "concurrency",
+              "truncate", "engine", "request_rate", "burstiness", "max_concurrency")
+# What a manifest written before a setting existed means by its absence.
+UNRECORDED = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
 
 
 def complete_prompts(manifest: dict[str, Any], records: list[RequestRecord]) -> list[dict[str, Any]]:
@@ -309,7 +311,7 @@ def merge_runs(parts: list[Path], out: Path, datasets: list[set[str] | None] | N
 def _check_same_settings(parts: list[Path], manifests: list[dict[str, Any]]) -> None:
     first = manifests[0]["args"]
     for part, m in zip(parts[1:], manifests[1:], strict=True):
-        differ = [k for k in MERGE_SAME if m["args"].get(k) != first.get(k)]
+        differ = [k for k in MERGE_SAME if m["args"].get(k, UNRECORDED.get(k)) != first.get(k, UNRECORDED.get(k))]
         if differ:
             raise ResultsError(f"{part} differs from {parts[0]} in {', '.join(differ)}: only parts of one run "
                                f"(same settings, other prompts) can be merged")

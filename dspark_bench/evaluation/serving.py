@@ -1,24 +1,36 @@
 """Serving metrics, defined once, with ``vllm bench serve``'s names: pure functions over request records.
 
 Per request (fields of :class:`~dspark_bench.core.records.RequestRecord`; seconds in records, milliseconds in
-the summary, as serving tools print them):
+the summary, as serving tools print them). Every latency starts at the request's **arrival**, its time on the
+seeded schedule, and both engines that take arrivals record them so:
 
-* **ttft** = ``queue_s + ttft_s``: arrival to the first token, as a client sees it (``ttft_s`` alone starts at
-  admission); **queue** = ``queue_s``: arrival to admission.
-* **tpot** = (e2el - ttft) / (output tokens - 1): the mean time per output token after the first; undefined for
-  a one-token output.
-* **itl**: every gap between successive deliveries of tokens after the first (pooled over requests: the
-  distribution a streaming user feels; under speculation tokens come in bursts of up to k + 1, so ITL is
-  bursty where TPOT is smooth).
-* **e2el** = ``e2el_s``: arrival to the last token.
+* **queue** = ``queue_s``: arrival to admission. Our engine (``--engine dspark``): the wait for a slot in the
+  batch (``--max-concurrency`` full), which ends at the first round boundary after a slot frees; the server
+  engine: the wait for the client's ``--max-concurrency`` cap (the server's own queue is inside its ``ttft_s``).
+* **ttft** = ``queue_s + ttft_s``: arrival to the first token, as a user sees it; ``ttft_s`` alone starts at
+  admission (ours: prefill, first token and the drafter's prompt processing; the server's: from sending).
+  ``vllm bench serve`` starts its clock when it sends a request, which is the request's arrival whenever no
+  ``--max-concurrency`` holds it back: then the two agree.
+* **e2el** = ``e2el_s``: arrival to the last token = queue + ttft_s + the decode that follows.
+* **tpot** = (e2el - ttft) / (output tokens - 1): the mean time per output token after the first (vLLM's
+  formula); undefined for a one-token output.
+* **itl**: every gap between successive *deliveries* of tokens after the first, pooled over requests. Under
+  speculative decoding a delivery carries several tokens: a streamed chunk of the server, one round's accepted
+  tokens and bonus in our engine (the first delivery ends the admission, then one per round the request took
+  part in). The gap is charged to the delivery, not divided among its tokens, which is what ``vllm bench serve``
+  records per chunk; so ITL is bursty where TPOT is smooth, and TPOT, not ITL, is the per-token speed.
 
-Per run, over the completed (``ok``) requests:
+Per run and drafter (:func:`serving_by_drafter`; one session, one clock each), over the completed (``ok``)
+requests:
 
 * **duration** = last completion - first arrival (completion = ``arrival_s + e2el_s``);
-* **request_throughput** = completed / duration; **output_throughput** = output tokens / duration;
+* **request_throughput** = completed / duration; **output_throughput** = output tokens / duration (the system's
+  tokens/s under this load);
+* **per_user_tokens_per_s** = 1000 / ``mean_tpot_ms``: the token rate of one user's stream after its first token;
 * **request_goodput** = requests meeting every given SLO / duration (an SLO is a bound in ms on ttft, tpot or
   e2el; a request whose tpot is undefined meets a tpot SLO);
-* each latency as mean, median, p90 and p99 (``mean_ttft_ms``, ``median_ttft_ms``, ``p90_ttft_ms``, ...).
+* each latency as mean, median, p90 and p99 (``mean_ttft_ms``, ``median_ttft_ms``, ``p90_ttft_ms``, ...);
+* **failed**: requests that carry an arrival and did not complete.
 """
 
 from __future__ import annotations
@@ -86,11 +98,12 @@ def _stats(values: Sequence[float], name: str) -> dict[str, float | None]:
 
 
 def serving_summary(records: Sequence[RequestRecord], slo: Mapping[str, float] | None = None) -> dict | None:
-    """The run-level serving metrics of the module docstring, or None when no record carries serving fields."""
-    timed = [r for r in records if r.arrival_s is not None and r.e2el_s is not None]
+    """The serving metrics of the module docstring over ``records`` (one session's: one drafter of one run), or
+    None when no record carries serving fields."""
+    timed = [r for r in records if r.arrival_s is not None]
     if not timed:
         return None
-    done = [r for r in timed if r.ok]
+    done = [r for r in timed if r.ok and r.e2el_s is not None]
     lat = [request_latencies(r) for r in done]
     start = min(r.arrival_s for r in timed)
     end = max((r.arrival_s + r.e2el_s for r in done), default=start)
@@ -103,9 +116,20 @@ def serving_summary(records: Sequence[RequestRecord], slo: Mapping[str, float] |
         values = ([g for r in done for g in (r.itl_s or ())] if name == "itl"
                   else [x[name] for x in lat if x[name] is not None])
         out.update(_stats(values, name))
+    mean_tpot = out["mean_tpot_ms"]
+    out["per_user_tokens_per_s"] = 1000.0 / mean_tpot if mean_tpot else None
     if slo:
         good = sum(meets(x, slo) for x in lat)
         out["slo_ms"] = dict(slo)
         out["good_requests"] = good
         out["request_goodput"] = good / duration if duration > 0 else None
     return out
+
+
+def serving_by_drafter(records: Sequence[RequestRecord], slo: Mapping[str, float] | None = None) -> dict | None:
+    """``summary.json``'s ``serving`` block: {drafter: :func:`serving_summary` of its records}, or None when no
+    record carries serving fields (closed-loop load). Drafters are apart because each decodes on its own clock."""
+    names = dict.fromkeys(r.drafter for r in records if r.arrival_s is not None)
+    if not names:
+        return None
+    return {name: serving_summary([r for r in records if r.drafter == name], slo) for name in names}

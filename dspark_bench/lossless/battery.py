@@ -1,17 +1,22 @@
-"""The lossless battery: is every registered drafter x scheduler an exact sampler of the target at T = 1?
+"""The lossless battery: is every registered drafter x scheduler an exact sampler of the target at T = 1, and under
+the sampling filters users set (top-k, top-p, min-p: :class:`~dspark_bench.core.verify.Sampling`)?
 
 Families (details in :mod:`.checks`; verdict rules in :mod:`.report`):
 
 1. ``exact``: float64 enumeration of the output law through :func:`~dspark_bench.core.verify.speculative_accept` and
    every registered scheduler on synthetic Markov cases with V = 2..5, k <= 3 (:mod:`.cases`), compared with
-   the target law; max abs error <= 1e-9.
+   the target law; max abs error <= 1e-9. Two cases run under filters (top-k; top-p with min-p), compared with
+   the target's processed law (:func:`~dspark_bench.lossless.synthetic.exact_probs`, the float64 twin).
 2. ``chi2-gof``: the engine samples the synthetic cases ``engine-v4-k3-eos`` and ``appendix-a`` with each
-   scheduler; Pearson chi-square of the joint law of 3 tokens against the exact law, cells pooled to >= 5.
+   scheduler, and ``engine-v4-k3-eos+filters`` (the engine's own processing of p and q) with one; Pearson
+   chi-square of the joint law of 3 tokens against the exact law, cells pooled to >= 5.
 3. ``chi2-homogeneity``: speculative vs vanilla (``none``) decoding, first 3 tokens of 2 fixed prompts of the
    synthetic engine case; thorough mode adds the first 2 tokens of 8 prompts on the real target.
 4. ``pit-ks``: randomized PIT + KS of every emitted token: on the synthetic case ``long-v4-k3`` with each
    scheduler (32-token outputs, so stateful schedulers run many rounds per request), and on the real target (fp32, T = 1) for every registered
-   drafter x scheduler, the conditional law recomputed by a teacher-forced full forward of the generated text.
+   drafter x scheduler, the conditional law recomputed by a teacher-forced full forward of the generated text;
+   and every drafter with one scheduler under :data:`REAL_SAMPLING`, that law processed the same way (float64
+   twin) before the PIT (a law with zeros keeps the randomized PIT uniform).
 5. Holm at alpha = 1e-3 over every sampled row of a real configuration.
 6. Negative controls (:mod:`.controls`) through exact enumeration and the engine chi-square, each with the
    sample size the chi-square needs for power 0.99; every one must be detected.
@@ -21,7 +26,8 @@ SmolLM2-135M in fp32; 6 drafters x 4 schedulers registered):
 
 * ``fast`` (CI): synthetic ~21 s CPU (3,000 sequences per chi-square, 2,000 per homogeneity arm, 4,096 PIT
   tokens per scheduler) + real target ~3 s per configuration (>= 100 PIT tokens each, block 2): 102 s CPU in
-  all (154 s wall while other jobs kept the machine at load ~6).
+  all (154 s wall while other jobs kept the machine at load ~6). With 7 drafters x 7 schedulers and the
+  sampling-filter rows (7 more real configurations, ~6 s CPU synthetic): 308 s, 5m08s CPU (load ~3).
 * ``thorough``: 5x the synthetic samples, >= 5,000 PIT tokens per real configuration (block 4) and the
   real-target homogeneity test (480 requests per arm): ~100 s synthetic + ~210 s per real configuration
   (measured on 2 drafters x 2 schedulers: 936 s CPU), i.e. ~86 min for 6 x 4 (extrapolated).
@@ -39,7 +45,7 @@ from types import MappingProxyType
 
 import torch
 
-from dspark_bench.core.verify import speculative_accept
+from dspark_bench.core.verify import Sampling, speculative_accept
 from dspark_bench.drafters import create, names
 from dspark_bench.lossless import cases, checks
 from dspark_bench.lossless.checks import guarded, scheduler_for
@@ -47,6 +53,8 @@ from dspark_bench.lossless.report import ALPHA, BatteryReport, TestResult, final
 from dspark_bench.scheduling.schedulers import parse_scheduler, scheduler_names
 
 REAL_DTYPE = "fp32"  # the real target runs and is re-scored in fp32: the PIT reference has no bf16 noise
+# The sampling of the real target's processed-law rows: every filter on, at a temperature other than 1.
+REAL_SAMPLING = Sampling(0.8, top_p=0.9, top_k=40, min_p=0.02)
 # Openings of texts the target continues (plain text, no chat template: short prompts keep prefill cheap).
 PROMPTS = (
     "The lighthouse keeper climbed the stairs and",
@@ -147,8 +155,9 @@ def synthetic_results(plan: Plan, schedulers: Sequence[str], seed: int, say: Pro
         say("exact enumeration")
         rows = [row for case in (*cases.exact_cases(), engine) for row in _exact_rows(case, schedulers)]
         say("engine chi-square")
-        for case in (engine, appendix):
-            for s in schedulers:
+        filtered = cases.filtered_engine_case()
+        for case, names in ((engine, schedulers), (appendix, schedulers), (filtered, [_one(schedulers)])):
+            for s in names:
                 label = f"synthetic {case.name} | {s}"
                 rows.append(guarded("chi2-gof", label, False, functools.partial(
                     _gof, case, label, s, plan.gof_n, seed)))
@@ -161,6 +170,11 @@ def synthetic_results(plan: Plan, schedulers: Sequence[str], seed: int, say: Pro
             label = f"synthetic {long.name} | {s}"
             rows.append(guarded("pit-ks", label, False, functools.partial(_synthetic_pit, plan, long, label, s, seed)))
     return rows
+
+
+def _one(schedulers: Sequence[str]) -> str:
+    """The scheduler of the rows that vary the sampling, not the scheduler: ``fixed`` when checked, else the first."""
+    return "fixed" if "fixed" in schedulers else schedulers[0]
 
 
 def _exact_rows(case: cases.Case, schedulers: Sequence[str]) -> list[TestResult]:
@@ -241,6 +255,11 @@ def real_results(plan: Plan, target_name: str, drafters: Sequence[str], schedule
                 if vanilla is not None:
                     rows.append(guarded("chi2-homogeneity", label, False, functools.partial(
                         _real_homogeneity, plan, target, prompts, d, s, label, seed, vanilla)))
+        for d in drafters:
+            label = f"{target_name} | {d} | {_one(schedulers)} | {REAL_SAMPLING.label}"
+            say(f"real target: {label}")
+            rows.append(guarded("pit-ks", label, False, functools.partial(
+                _real_pit, plan, target, prompts, d, _one(schedulers), label, seed, REAL_SAMPLING)))
     return rows
 
 
@@ -248,16 +267,18 @@ def _homogeneity_n(plan: Plan) -> int:
     return plan.real_prompts * plan.real_homogeneity_seeds
 
 
-def _real_pit(plan: Plan, target, prompts, drafter: str, scheduler: str, label: str, seed: int) -> TestResult:
-    """Waves of one request per prompt until ``real_min_tokens`` tokens, then PIT + KS on all of them."""
+def _real_pit(plan: Plan, target, prompts, drafter: str, scheduler: str, label: str, seed: int,
+              sampling: Sampling = checks.UNFILTERED) -> TestResult:
+    """Waves of one request per prompt until ``real_min_tokens`` tokens, then PIT + KS on all of them under the
+    target's law processed by ``sampling``."""
     pairs, tokens, wave = [], 0, 0
     while tokens < plan.real_min_tokens and wave < MAX_WAVES:
         outs = checks.generate(target, create(drafter, target), scheduler_for(scheduler, cases.SMOOTH_SPS),
                                speculative_accept, prompts, checks.seeds(seed, f"{label}#{wave}", len(prompts)),
-                               plan.real_tokens, plan.real_block, plan.real_concurrency)
+                               plan.real_tokens, plan.real_block, plan.real_concurrency, sampling)
         pairs += zip(prompts, outs, strict=True)
         tokens, wave = tokens + sum(len(o) for o in outs), wave + 1
-    return checks.pit_check(label, pairs, checks.teacher_forced_laws(target), seed)
+    return checks.pit_check(label, pairs, checks.teacher_forced_laws(target, sampling), seed)
 
 
 def _real_homogeneity(plan: Plan, target, prompts, drafter: str, scheduler: str, label: str, seed: int,

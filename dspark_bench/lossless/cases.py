@@ -10,6 +10,9 @@ Real cases (expected lossless with :func:`~dspark_bench.core.verify.speculative_
   ``appendix-a`` (the paper's counterexample setting, with its SPS table): exact law of the first k + 1 tokens.
 * ``engine-v4-k3-eos``: the case the engine-driven tests sample (``max_new_tokens`` 4, so the engine's
   budget cap also cuts the schedulers' choices); ``long-v4-k3``: the same chains without EOS, for long outputs.
+* Under the sampling filters (:class:`~dspark_bench.core.verify.Sampling`; p and q processed alike, the output
+  compared with the target's processed law): ``topk-v4-k2`` (T = 0.8, top-k 2) and ``topp-minp-v4-k2-eos``
+  (top-p 0.8, min-p 0.1), enumerated; ``engine-v4-k3-eos+filters`` (top-k 3, top-p 0.9), sampled by the engine.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark_bench.core.verify import AcceptRule, speculative_accept
+from dspark_bench.core.verify import AcceptRule, Sampling, speculative_accept
 from dspark_bench.lossless.controls import (
     APPENDIX_A_SPS,
     ArgmaxSoftmaxQ,
     Bf16Probs,
     Bf16Sampled,
+    FiltersOnQOnly,
     Retrospective,
     appendix_a,
     bf16_sensitive_chain,
@@ -50,6 +54,7 @@ class Case:
     drafter_cls: type[SyntheticDrafter] = SyntheticDrafter
     prompt: tuple[int, ...] = (0,)
     concurrency: int = 16  # engine requests in flight
+    sampling: Sampling = Sampling(1.0)  # how the engine makes p and q from logits; the output must follow p's law
 
     def target(self) -> SyntheticTarget:
         return SyntheticTarget(self.chain, self.eos_ids, name=f"synthetic:{self.name}")
@@ -96,12 +101,22 @@ def exact_cases() -> tuple[Case, ...]:
         markov_case("markov-v4-k2-eos", 4, 2, seed=12, eos=(3,)),
         markov_case("greedy-v5-k3", 5, 3, seed=13, deterministic=True),
         appendix_a_case(),
+        dataclasses.replace(markov_case("topk-v4-k2", 4, 2, seed=14), sampling=Sampling(0.8, top_k=2)),
+        dataclasses.replace(markov_case("topp-minp-v4-k2-eos", 4, 2, seed=15, eos=(3,)),
+                            sampling=Sampling(1.0, top_p=0.8, min_p=0.1)),
     )
 
 
 def engine_case() -> Case:
     """Seed picked so that every sampled control needs fewer than 500 sequences for power 0.99."""
     return markov_case("engine-v4-k3-eos", 4, 3, seed=32, eos=(3,))
+
+
+def filtered_engine_case() -> Case:
+    """The engine case under top-k 3 and top-p 0.9: p and q both lose tokens (the engine's own processing,
+    :func:`~dspark_bench.core.verify.to_probs`, against the battery's float64 twin)."""
+    base = engine_case()
+    return dataclasses.replace(base, name=f"{base.name}+filters", sampling=Sampling(1.0, top_p=0.9, top_k=3))
 
 
 def long_case() -> Case:
@@ -134,4 +149,6 @@ def controls() -> tuple[Control, ...]:
                 exact_match_then_resample),
         Control("d-retrospective", "Appendix A global search without early stop", appendix_a_case(),
                 scheduler=Retrospective),
+        Control("e-filters-on-q-only", "top-k/top-p applied to the q handed over, not to the law drawn from",
+                dataclasses.replace(filtered_engine_case(), drafter_cls=FiltersOnQOnly)),
     )

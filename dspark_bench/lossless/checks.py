@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dspark_bench.core.verify import AcceptRule, speculative_accept
+from dspark_bench.core.verify import AcceptRule, Sampling, speculative_accept
 from dspark_bench.drafters.base import Drafter
 from dspark_bench.engines.native.loop import EngineConfig, Request, RoundLoop
 from dspark_bench.lossless import exact
@@ -36,11 +36,13 @@ from dspark_bench.lossless.hypothesis import (
 )
 from dspark_bench.lossless.power import effect_size, pooled, sample_size
 from dspark_bench.lossless.report import ALPHA, EXACT_BOUND, TestResult, errored
+from dspark_bench.lossless.synthetic import exact_probs
 from dspark_bench.scheduling.profile import table_profile
 from dspark_bench.scheduling.schedulers import Scheduler, create_scheduler, parse_scheduler, scheduler_class
 
 WINDOW = 3  # tokens after the first one in the engine chi-square (max_new_tokens = WINDOW + 1)
 CONCURRENCY = 16
+UNFILTERED = Sampling(1.0)  # T = 1, no filter: the battery's default law
 
 
 def scheduler_for(item: str, sps: dict[int, float]) -> Scheduler:
@@ -70,9 +72,12 @@ def guarded(test: str, configuration: str, is_control: bool, run: Callable[[], T
 
 
 def generate(target, drafter: Drafter, scheduler: Scheduler | None, rule: AcceptRule, prompts: Sequence[tuple],
-             request_seeds: Sequence[int], max_new: int, block: int, concurrency: int = CONCURRENCY) -> list[tuple]:
-    """Outputs of one engine run (request order); any failed request is an error."""
-    engine = RoundLoop(target, drafter, EngineConfig(max_new, 1.0, block, concurrency), scheduler, rule)
+             request_seeds: Sequence[int], max_new: int, block: int, concurrency: int = CONCURRENCY,
+             sampling: Sampling = UNFILTERED) -> list[tuple]:
+    """Outputs of one engine run (request order) under ``sampling``; any failed request is an error."""
+    config = EngineConfig(max_new, sampling.temperature, block, concurrency, sampling.top_p, sampling.top_k,
+                          sampling.min_p)
+    engine = RoundLoop(target, drafter, config, scheduler, rule)
     results = []
     engine.run([Request(i, tuple(p), s) for i, (p, s) in enumerate(zip(prompts, request_seeds, strict=True))],
                results.append)
@@ -89,7 +94,7 @@ def exact_check(case: Case, label: str, scheduler: Scheduler, rule: AcceptRule, 
     ``window``, of the engine test's window after the prompt (budget cap included; controls then also get the
     chi-square's n for power 0.99, cells pooled as for ``pool_n`` samples)."""
     target = case.target()
-    setting = exact.Setting(target, case.drafter(target), scheduler, rule, case.block_size)
+    setting = exact.Setting(target, case.drafter(target), scheduler, rule, case.block_size, case.sampling)
     if window:
         laws = [(window_law(setting, case, cache), target_window_law(case))]
     else:
@@ -113,7 +118,7 @@ def power_for(law: exact.Law, biased: exact.Law, n: int) -> int | None:
 
 
 def target_window_law(case: Case) -> exact.Law:
-    probs, eos = case.chain.probs(1.0), frozenset(case.eos_ids)
+    probs, eos = case.chain.probs(case.sampling), frozenset(case.eos_ids)
     return exact.after_first(probs[case.prompt[-1]], lambda y: exact.markov_law(probs, y, WINDOW, eos), eos)
 
 
@@ -129,13 +134,13 @@ def gof_check(case: Case, label: str, scheduler: Scheduler, rule: AcceptRule, n:
     """Engine samples of the window vs its exact target law; controls also get the n for power 0.99."""
     target = case.target()
     outs = generate(target, case.drafter(target), scheduler, rule, [case.prompt] * n, seeds(seed, label, n),
-                    WINDOW + 1, case.block_size, case.concurrency)
+                    WINDOW + 1, case.block_size, case.concurrency, case.sampling)
     expected = target_window_law(case)
     _, observed, law = align(Counter(tuple(o[1:]) for o in outs), expected)
     res = chi_square_gof(observed, law)
     power_n = None
     if is_control:
-        setting = exact.Setting(target, case.drafter(target), scheduler, rule, case.block_size)
+        setting = exact.Setting(target, case.drafter(target), scheduler, rule, case.block_size, case.sampling)
         power_n = power_for(expected, window_law(setting, case, {} if cache is None else cache), n)
     return TestResult("chi2-gof", label, n, res.statistic, res.p_value, is_control=is_control, df=res.df,
                       expected="fail" if is_control else "pass", power_n=power_n, detail=f"df={res.df}")
@@ -174,8 +179,8 @@ def pit_check(label: str, pairs: Pairs, laws_of: Callable[[Pairs], list[torch.Te
 
 
 def chain_laws(case: Case) -> Callable[[Pairs], list[torch.Tensor]]:
-    """Exact conditional laws of the synthetic target: row ``previous token`` of its transition matrix."""
-    probs = case.chain.probs(1.0)
+    """Exact conditional laws of the synthetic target: row ``previous token`` of its (processed) transition matrix."""
+    probs = case.chain.probs(case.sampling)
 
     def laws_of(pairs: Pairs) -> list[torch.Tensor]:
         return [probs[[*p, *o][len(p) - 1 : -1]] for p, o in pairs]
@@ -183,9 +188,12 @@ def chain_laws(case: Case) -> Callable[[Pairs], list[torch.Tensor]]:
     return laws_of
 
 
-def teacher_forced_laws(target, chunk: int = 8) -> Callable[[Pairs], list[torch.Tensor]]:
-    """The real target's law of every output token, from full forwards of prompt + output (the HF model's own
-    causal forward, right-padded batches of ``chunk`` sequences: no KV cache, no engine code), in float64."""
+def teacher_forced_laws(target, sampling: Sampling = UNFILTERED, chunk: int = 8
+                        ) -> Callable[[Pairs], list[torch.Tensor]]:
+    """The real target's law of every output token under ``sampling``, from full forwards of prompt + output (the
+    HF model's own causal forward, right-padded batches of ``chunk`` sequences: no KV cache, no engine code),
+    processed in float64 by the battery's own twin of the engine's processing
+    (:func:`~dspark_bench.lossless.synthetic.exact_probs`). A law with zeros keeps the randomized PIT valid."""
 
     def laws_of(pairs: Pairs) -> list[torch.Tensor]:
         out = []
@@ -199,7 +207,7 @@ def teacher_forced_laws(target, chunk: int = 8) -> Callable[[Pairs], list[torch.
                 ids[r, : len(x)], mask[r, : len(x)] = torch.tensor(x), 1
             with torch.inference_mode():
                 logits = target.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device)).logits
-            out += [torch.softmax(logits[r, len(p) - 1 : len(p) - 1 + len(o)].double().cpu(), -1)
+            out += [exact_probs(logits[r, len(p) - 1 : len(p) - 1 + len(o)].double().cpu(), sampling)
                     for r, (p, o) in enumerate(part)]
         return out
 

@@ -1,6 +1,7 @@
 """Negative controls: deliberately lossy variants injected through the same seams real methods use.
 
-Each is a real bug seen in the wild (reference peers.md sections 8-10) and must be *detected* by the battery:
+Each is a real bug seen in the wild (reference peers.md sections 8-10) or of such a bug's kind, and must be
+*detected* by the battery:
 
 * (a) :func:`resample_from_p`: an :data:`~dspark_bench.core.verify.AcceptRule` that, after a rejection, draws the
   token from ``p`` instead of the residual ``normalize(max(0, p - q))``.
@@ -17,6 +18,10 @@ Each is a real bug seen in the wild (reference peers.md sections 8-10) and must 
   survivals without Algorithm 1's early stop. With a confidence c_2 that depends on x_1 the admission of x_1
   depends on x_1 itself. :func:`appendix_a` builds the paper's example (target (0.7, 0.3), draft (0.5, 0.5),
   c_1 = 0.8, c_2 = 0.9 after A and 0 after B, SPS = 1.0, 0.5, 0.45): the first token's law becomes (0.85, 0.15).
+* (e) :class:`FiltersOnQOnly`, (b)'s kind under the sampling filters (top-k, top-p, min-p), which apply to one
+  side only: the drafter hands the verifier its processed law as q but draws from its law at the temperature
+  alone, as a drafter does that processes the law it reports and not the one it samples. A drafted token the
+  filters cut has q = 0, passes its test (p >= 0 = q) and is emitted even where the processed target has no mass.
 
 None of these is registered in the user-facing drafter or scheduler registries.
 """
@@ -30,12 +35,14 @@ import torch
 
 from dspark_bench.core.verify import (
     Draws,
+    Sampling,
     Verdicts,
     acceptance_probs,
     check_shapes,
     eos_stop,
     leading_accepts,
     sample,
+    to_probs,
 )
 from dspark_bench.drafters.base import DraftContext, Proposal
 from dspark_bench.lossless.synthetic import DraftLaw, MarkovChain, SyntheticDrafter
@@ -92,9 +99,9 @@ class ArgmaxSoftmaxQ(SyntheticDrafter):
 
     name = "control-argmax-softmax-q"
 
-    def law(self, temperature: float) -> DraftLaw:
+    def law(self, sampling: Sampling) -> DraftLaw:
         logits = self.config.chain.logits
-        return DraftLaw(logits, 0.0, logits, temperature)
+        return DraftLaw(logits, 0.0, logits, sampling)
 
 
 class Bf16Sampled(SyntheticDrafter):
@@ -102,9 +109,9 @@ class Bf16Sampled(SyntheticDrafter):
 
     name = "control-bf16-sampled"
 
-    def law(self, temperature: float) -> DraftLaw:
+    def law(self, sampling: Sampling) -> DraftLaw:
         logits = self.config.chain.logits
-        return DraftLaw(logits.to(torch.bfloat16).double(), temperature, logits, temperature)
+        return DraftLaw(logits.to(torch.bfloat16).double(), sampling, logits, sampling)
 
 
 class Bf16Probs(SyntheticDrafter):
@@ -113,10 +120,20 @@ class Bf16Probs(SyntheticDrafter):
 
     name = "control-bf16-probs"
 
-    def law(self, temperature: float) -> DraftLaw:
+    def law(self, sampling: Sampling) -> DraftLaw:
         logits = self.config.chain.logits
-        rounded = torch.softmax(logits.float() / temperature, -1).to(torch.bfloat16).double()
-        return DraftLaw(rounded.log(), 1.0, logits, temperature)  # softmax(log r) = r / sum(r), as sample() does
+        rounded = to_probs(logits, sampling).to(torch.bfloat16).double()
+        return DraftLaw(rounded.log(), 1.0, logits, sampling)  # softmax(log r) = r / sum(r), as sample() does
+
+
+class FiltersOnQOnly(SyntheticDrafter):
+    """Control (e): draws at the run's temperature without its filters, hands over the filtered q."""
+
+    name = "control-filters-on-q-only"
+
+    def law(self, sampling: Sampling) -> DraftLaw:
+        logits = self.config.chain.logits
+        return DraftLaw(logits, sampling.temperature, logits, sampling)
 
 
 def bf16_sensitive_chain(vocab: int, generator: torch.Generator, magnitude: float) -> MarkovChain:

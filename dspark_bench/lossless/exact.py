@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
-from dspark_bench.core.verify import AcceptRule, Draws, Verdict, one_hot, residual
+from dspark_bench.core.verify import AcceptRule, Draws, Sampling, Verdict, one_hot, residual
 from dspark_bench.drafters.base import DraftContext, Proposal, Slot
 from dspark_bench.lossless.synthetic import SyntheticDrafter, SyntheticTarget
 from dspark_bench.scheduling.schedulers import Scheduler
@@ -128,9 +128,9 @@ class Block:
     confidence: tuple[float, ...]
 
 
-def draft_blocks(drafter: SyntheticDrafter, context: int, k: int, temperature: float) -> list[Block]:
+def draft_blocks(drafter: SyntheticDrafter, context: int, k: int, sampling: Sampling) -> list[Block]:
     """Every block of ``k`` drafts after ``context`` with positive probability under the sampled law."""
-    law = drafter.law(temperature)
+    law = drafter.law(sampling)
     sampled, claimed = law.sampled(exact=True), law.claimed(exact=True)
     confidence = drafter.config.confidence.tolist()
     blocks = [Block((), 1.0, None, ())]
@@ -156,12 +156,12 @@ class Setting:
     scheduler: Scheduler
     rule: AcceptRule
     block_size: int
-    temperature: float = 1.0
+    sampling: Sampling = Sampling(1.0)  # temperature and filters, for the target's p and the drafter's q alike
 
     @property
     def probs(self) -> torch.Tensor:
-        """[V, V] float64 target transition matrix at the sampling temperature."""
-        return self.target.chain.probs(self.temperature)
+        """[V, V] float64 target transition matrix, processed as the run samples (``sampling``)."""
+        return self.target.chain.probs(self.sampling)
 
 
 def _decide(setting: Setting, ctx: DraftContext, block: Block) -> int:
@@ -186,10 +186,10 @@ def round_law(setting: Setting, context: int, cap: int, cache: dict[Hashable, di
     same target, drafter and rule.
     """
     slot = Slot(0, [context], 0, 0)
-    ctx = DraftContext(setting.target, setting.temperature, setting.block_size, [slot])
+    ctx = DraftContext(setting.target, setting.sampling, setting.block_size, [slot])
     eos_ids = setting.target.eos_ids
     out: Law = {}
-    for block in draft_blocks(setting.drafter, context, setting.block_size, setting.temperature):
+    for block in draft_blocks(setting.drafter, context, setting.block_size, setting.sampling):
         n = min(_decide(setting, ctx, block), cap)
         key = (context, block.tokens[:n])
         if key not in cache:

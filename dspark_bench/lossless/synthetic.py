@@ -21,17 +21,36 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark_bench.core.verify import to_probs
+from dspark_bench.core.verify import Sampling, to_probs
 from dspark_bench.drafters.base import DraftContext, Drafter, Proposal
 from dspark_bench.target.model import Features, StepOutput
 
 
-def exact_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """float64 twin of :func:`~dspark_bench.core.verify.to_probs` (``[..., V]``): softmax at T, one-hot argmax at 0."""
-    if temperature == 0:
+def exact_probs(logits: torch.Tensor, sampling: Sampling | float) -> torch.Tensor:
+    """float64 twin of :func:`~dspark_bench.core.verify.to_probs` (``[..., V]``): softmax at T, one-hot argmax at 0,
+    the filters of :class:`~dspark_bench.core.verify.Sampling` in its order, written apart from it (on probabilities
+    where ``to_probs`` compares logits, by ascending CDF where it cuts a descending prefix), so that the battery
+    checks the engine's processing against an independent one."""
+    sampling = Sampling.of(sampling)
+    if sampling.temperature == 0:
         out = torch.zeros(logits.shape, dtype=torch.float64)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.softmax(logits.double() / temperature, dim=-1)
+    probs = torch.softmax(logits.double() / sampling.temperature, dim=-1)
+    if not sampling.filtered:
+        return probs
+    keep = probs >= sampling.min_p * probs.amax(-1, keepdim=True)  # min-p on the tempered law
+    if sampling.top_k:  # at least the k-th largest probability, ties included
+        kth = probs.sort(-1).values[..., -min(sampling.top_k, probs.shape[-1])].unsqueeze(-1)
+        keep &= probs >= kth
+    if sampling.top_p < 1:  # over the survivors, renormalised: drop x when the strictly likelier hold >= top_p
+        law = probs * keep / (probs * keep).sum(-1, keepdim=True)
+        ascending = law.sort(-1).values
+        at_most = torch.cumsum(ascending, -1)  # mass of the tokens at most as likely as each sorted position
+        last = torch.searchsorted(ascending, law, right=True) - 1  # last sorted position with law <= law(x)
+        above = 1.0 - at_most.gather(-1, last)
+        keep &= above < sampling.top_p
+    kept = probs * keep
+    return kept / kept.sum(-1, keepdim=True)
 
 
 @dataclass(frozen=True)
@@ -48,9 +67,9 @@ class MarkovChain:
     def vocab(self) -> int:
         return int(self.logits.shape[0])
 
-    def probs(self, temperature: float) -> torch.Tensor:
-        """[V, V] float64 transition matrix at ``temperature``."""
-        return exact_probs(self.logits, temperature)
+    def probs(self, sampling: Sampling | float) -> torch.Tensor:
+        """[V, V] float64 transition matrix under ``sampling`` (or a bare temperature)."""
+        return exact_probs(self.logits, sampling)
 
     @staticmethod
     def random(vocab: int, generator: torch.Generator, scale: float = 1.5) -> MarkovChain:
@@ -148,27 +167,28 @@ class SyntheticTarget:
 @dataclass(frozen=True)
 class DraftLaw:
     """How a drafter makes a draft token after each previous token (row ``prev`` of every matrix): drawn from
-    ``to_probs(sample_logits, sample_temperature)``; the verifier is handed ``to_probs(claim_logits,
-    claim_temperature)``, or nothing (``claim_logits=None``: deterministic drafts, q = None). A correct drafter
-    claims exactly what it samples from."""
+    ``to_probs(sample_logits, sample_sampling)``; the verifier is handed ``to_probs(claim_logits,
+    claim_sampling)``, or nothing (``claim_logits=None``: deterministic drafts, q = None). A correct drafter
+    claims exactly what it samples from. Each sampling is a :class:`~dspark_bench.core.verify.Sampling` or a bare
+    temperature."""
 
     sample_logits: torch.Tensor  # [V, V]
-    sample_temperature: float
+    sample_sampling: Sampling | float
     claim_logits: torch.Tensor | None  # [V, V]
-    claim_temperature: float
+    claim_sampling: Sampling | float
 
     def sampled(self, exact: bool = False) -> torch.Tensor:
         """[V, V] laws the tokens are drawn from: float32 as sampled, or the float64 twin (``exact``)."""
         if exact:
-            return exact_probs(self.sample_logits, self.sample_temperature)
-        return to_probs(self.sample_logits, self.sample_temperature)
+            return exact_probs(self.sample_logits, self.sample_sampling)
+        return to_probs(self.sample_logits, self.sample_sampling)
 
     def claimed(self, exact: bool = False) -> torch.Tensor | None:
         if self.claim_logits is None:
             return None
         if exact:
-            return exact_probs(self.claim_logits, self.claim_temperature)
-        return to_probs(self.claim_logits, self.claim_temperature)
+            return exact_probs(self.claim_logits, self.claim_sampling)
+        return to_probs(self.claim_logits, self.claim_sampling)
 
 
 class SyntheticDrafter(Drafter):
@@ -184,22 +204,23 @@ class SyntheticDrafter(Drafter):
 
     def __init__(self, config: Config, target):
         super().__init__(config, target)
-        self._tables: dict[float, tuple[torch.Tensor, torch.Tensor | None]] = {}  # per temperature, float32
+        self._tables: dict[Sampling, tuple[torch.Tensor, torch.Tensor | None]] = {}  # per sampling, float32
 
-    def law(self, temperature: float) -> DraftLaw:
+    def law(self, sampling: Sampling) -> DraftLaw:
+        """How this drafter drafts when the run samples with ``sampling`` (its q processed as the target's p)."""
         logits = self.config.chain.logits
         if self.config.deterministic:
             return DraftLaw(logits, 0.0, None, 0.0)
-        return DraftLaw(logits, temperature, logits, temperature)
+        return DraftLaw(logits, sampling, logits, sampling)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         k, rows = ctx.block_size, len(ctx.slots)
         if k > self.config.confidence.shape[1]:
             raise ValueError(f"block size {k} exceeds the {self.config.confidence.shape[1]} confidence columns")
-        if ctx.temperature not in self._tables:
-            law = self.law(ctx.temperature)
-            self._tables[ctx.temperature] = (law.sampled(), law.claimed())
-        sampled, claimed = self._tables[ctx.temperature]
+        if ctx.sampling not in self._tables:
+            law = self.law(ctx.sampling)
+            self._tables[ctx.sampling] = (law.sampled(), law.claimed())
+        sampled, claimed = self._tables[ctx.sampling]
         prevs = torch.zeros(rows, k, dtype=torch.long)  # x_{j-1} for every draft position
         tokens = torch.zeros(rows, k, dtype=torch.long)
         u = ctx.draft_uniforms(k, "cpu")  # [R, k]

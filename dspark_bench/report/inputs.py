@@ -20,6 +20,13 @@ written as NaN or as the strings "nan"/"inf"; they are shown as missing.
   Required per row: drafter, scheduler, label, concurrency, aggregate_tokens_per_s, per_request_tps,
   mean_verify_budget. Rows of scheduler ``threshold`` with ``options.theta`` make the threshold sweep
   (paper Figure 5); an optional ``domain`` splits it by domain (otherwise all prompts are pooled).
+  A request-rate sweep's rows add ``request_rate`` and the serving numbers of
+  :data:`dspark_bench.studies.serving_sweep.SERVING_ROW`, and the file an optional ``serving`` block (each method
+  against ``none``: :func:`dspark_bench.studies.serving_sweep.compare`, as ``sweep`` writes it)::
+
+    {"baseline", "tpot_slo_ms", "slo_ms", "methods": [{"method", "equal_throughput": [{"system", "per_user",
+     "base_per_user", "ratio"}], "ratio_min", "ratio_max", "sustained": {"rate", "bound"} | null,
+     "base_sustained": ..., "rate_ratio", "rate_ratio_kind"}]}
 
 ``simulate.json`` (``dspark-bench simulate``, :mod:`dspark_bench.studies.simulate`): SIMULATED cells, same row fields
 (``drafter`` and ``label`` optional), plus optional top-level ``simulated``, ``note``, ``profile``,
@@ -46,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_bench.evaluation.runs import read_json
+from dspark_bench.studies.serving_sweep import SERVING_ROW
 
 KINDS = ("profile", "sweep", "simulate", "calibration", "lossless")
 
@@ -117,9 +125,9 @@ def parse_profile(data: Any, source: Path) -> Profile:
 ROW_REQUIRED = ("scheduler", "concurrency", "aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget")
 ROW_OPTIONAL = ("options", "waste", "tau", "acceptance_rate", "accepted_per_step", "rejected_per_step",
                 "verified_acceptance_rate", "n_requests", "n_errors", "folder", "domain", "simulated", "layout",
-                "clock_scale", "plain_clock_scale")
+                "clock_scale", "plain_clock_scale", "request_rate", *SERVING_ROW)
 _ROW_NUMBERS = ("aggregate_tokens_per_s", "per_request_tps", "mean_verify_budget", "waste", "tau", "acceptance_rate",
-                "accepted_per_step", "rejected_per_step", "verified_acceptance_rate")
+                "accepted_per_step", "rejected_per_step", "verified_acceptance_rate", *SERVING_ROW)
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,7 @@ class CellRow:
     theta: float | None
     domain: str | None
     numbers: Mapping[str, float | None]  # the _ROW_NUMBERS present, as recorded
+    request_rate: float | None = None  # a request-rate cell (open-loop load); None: closed loop at concurrency
 
 
 def _row(data: Any, where: str, simulated: bool) -> CellRow:
@@ -145,7 +154,30 @@ def _row(data: Any, where: str, simulated: bool) -> CellRow:
     theta = _num(options["theta"], f"{where}.options.theta") if "theta" in options else None
     return CellRow(_str(d.get("drafter"), where) or "(unnamed)", _str(d.get("label"), where) or d["scheduler"],
                    _str(d["scheduler"], where), _int(d["concurrency"], f"{where}.concurrency"), simulated, theta,
-                   _str(d.get("domain"), where), {k: _num(d[k], f"{where}.{k}") for k in _ROW_NUMBERS if k in d})
+                   _str(d.get("domain"), where), {k: _num(d[k], f"{where}.{k}") for k in _ROW_NUMBERS if k in d},
+                   _num(d.get("request_rate"), f"{where}.request_rate"))
+
+
+@dataclass(frozen=True)
+class MethodServing:
+    """One method against the baseline in a request-rate sweep (numbers as recorded)."""
+
+    method: str
+    equal_throughput: tuple[tuple[float | None, float | None, float | None, float | None], ...]  # system, per_user,
+    # base_per_user, ratio
+    ratio_min: float | None
+    ratio_max: float | None
+    sustained: tuple[float | None, str] | None  # (rate, bound)
+    base_sustained: tuple[float | None, str] | None
+    rate_ratio: float | None
+    rate_ratio_kind: str | None
+
+
+@dataclass(frozen=True)
+class ServingComparison:
+    baseline: str
+    tpot_slo_ms: float | None
+    methods: tuple[MethodServing, ...]
 
 
 @dataclass(frozen=True)
@@ -154,12 +186,40 @@ class Cells:
     rows: tuple[CellRow, ...]
     simulated: bool
     note: str | None = None
+    serving: ServingComparison | None = None  # a request-rate sweep's comparisons
+
+
+def _sustained(data: Any, where: str) -> tuple[float | None, str] | None:
+    if data is None:
+        return None
+    d = _obj(data, where, ("rate", "bound"))
+    return _num(d["rate"], f"{where}.rate"), _str(d["bound"], where) or ""
+
+
+def _method_serving(data: Any, where: str) -> MethodServing:
+    d = _obj(data, where, ("method", "equal_throughput", "ratio_min", "ratio_max", "sustained", "base_sustained",
+                           "rate_ratio", "rate_ratio_kind"))
+    keys = ("system", "per_user", "base_per_user", "ratio")
+    equal = tuple(tuple(_num(_obj(e, f"{where}.equal_throughput[{i}]", keys)[k], f"{where}.equal_throughput[{i}]")
+                        for k in keys) for i, e in enumerate(_list(d["equal_throughput"], where)))
+    return MethodServing(_str(d["method"], where) or "", equal, _num(d["ratio_min"], where),
+                         _num(d["ratio_max"], where), _sustained(d["sustained"], f"{where}.sustained"),
+                         _sustained(d["base_sustained"], f"{where}.base_sustained"), _num(d["rate_ratio"], where),
+                         _str(d["rate_ratio_kind"], where))
+
+
+def _serving(data: Any, where: str) -> ServingComparison | None:
+    if data is None:
+        return None
+    d = _obj(data, where, ("baseline", "methods"), ("tpot_slo_ms", "slo_ms"))
+    methods = tuple(_method_serving(m, f"{where}.methods[{i}]") for i, m in enumerate(_list(d["methods"], where)))
+    return ServingComparison(_str(d["baseline"], where) or "", _num(d.get("tpot_slo_ms"), where), methods)
 
 
 def parse_sweep(data: Any, source: Path) -> Cells:
-    d = _obj(data, str(source), ("rows",), ("spec", "profile", "comparisons"))
+    d = _obj(data, str(source), ("rows",), ("spec", "profile", "comparisons", "serving"))
     rows = tuple(_row(r, f"{source}: rows[{i}]", False) for i, r in enumerate(_list(d["rows"], str(source))))
-    return Cells(source, rows, False)
+    return Cells(source, rows, False, serving=_serving(d.get("serving"), f"{source}: serving"))
 
 
 def parse_simulate(data: Any, source: Path) -> Cells:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from dspark_bench.report import figures, paper, tables
+from dspark_bench.report import figures, paper, serving, tables
 from dspark_bench.report.gains import Samples, read_samples
 from dspark_bench.report.load import Entry, Inputs
 from dspark_bench.report.style import TAU_DEFINITION, domain_sort_key
@@ -106,7 +106,8 @@ def _sources(docs) -> str:
 
 
 def _sweep(inp: Inputs, samples: Samples) -> Section | str:
-    rows = [r for r in _cells(inp, ("sweep",)) if r.scheduler == "threshold" and r.theta is not None]
+    rows = [r for r in _cells(inp, ("sweep",)) if r.scheduler == "threshold" and r.theta is not None
+            and r.request_rate is None]
     if not rows:
         return "no threshold-sweep cells (sweep.json rows of scheduler 'threshold' with options.theta)"
     caption = ("A draft prefix is verified up to the first position whose confidence c_k falls below θ; θ = 0 "
@@ -135,9 +136,9 @@ def _profile(inp: Inputs, samples: Samples) -> Section | str:
 
 
 def _load(inp: Inputs, samples: Samples) -> Section | str:
-    rows = _cells(inp, ("sweep", "simulate"))
+    rows = [r for r in _cells(inp, ("sweep", "simulate")) if r.request_rate is None]
     if not rows:
-        return "no sweep.json (measured) or simulate.json (simulated) among the inputs"
+        return "no sweep.json (measured) or simulate.json (simulated) with concurrency cells among the inputs"
     docs = inp.artifacts.get("sweep", ()) + inp.artifacts.get("simulate", ())
     notes = " ".join(d.note for d in docs if d.note)
     caption = ("Filled circles: MEASURED through the engine (sweep.json). Open diamonds: SIMULATED by replaying "
@@ -147,6 +148,30 @@ def _load(inp: Inputs, samples: Samples) -> Section | str:
                                      for x in rows) > 1]  # the figure shows curves; single cells stay in the table
     return Section("load", "Throughput and verify budget vs concurrency (Figures 7–8)", caption,
                    (figures.load_figure(series or rows),), (tables.load_table(rows, _sources(docs)),))
+
+
+def _serving_runs(inp: Inputs, samples: Samples) -> Section | str:
+    runs = [r for r in inp.runs if serving.run_blocks(r)]
+    if not runs:
+        return "no run under open-loop load (a summary.json with a 'serving' block: run --request-rate)"
+    return Section("serving", "Serving metrics", "Open-loop runs: requests arrive on a seeded schedule "
+                   "(manifest engine.arrivals) whatever the engine is doing; each drafter on its own clock.",
+                   tables=(serving.runs_table(runs),))
+
+
+def _serving_sweep(inp: Inputs, samples: Samples) -> Section | str:
+    docs = [d for d in inp.artifacts.get("sweep", ()) if any(r.request_rate is not None for r in d.rows)]
+    if not docs:
+        return "no request-rate sweep (sweep.json rows with request_rate: sweep --request-rate)"
+    rows = [r for d in docs for r in d.rows if r.request_rate is not None]
+    compared = [d.serving for d in docs if d.serving is not None]
+    slo = next((c.tpot_slo_ms for c in compared if c.tpot_slo_ms), None)
+    caption = ("Every method of a rate decodes the same prompts on the same seeded arrival schedule. System tok/s = "
+               "output tokens / the run's span; per-user tok/s = 1000 / mean TPOT; goodput = requests/s within the "
+               "SLO. " + _sources(docs))
+    return Section("serving_sweep", "Serving under increasing load (request-rate sweep)", caption,
+                   serving.sweep_figures(rows, slo),
+                   (*(serving.comparison_table(c) for c in compared), serving.sweep_cells_table(rows, _sources(docs))))
 
 
 def _speed(inp: Inputs, samples: Samples) -> Section | str:
@@ -187,6 +212,8 @@ BUILDERS: tuple[tuple[str, str, Callable[[Inputs, Samples], Section | str]], ...
     ("calibration", "Calibration before and after (Figure 6)", _calibration),
     ("profile", "Engine profile: SPS(B)", _profile),
     ("load", "Throughput and verify budget vs concurrency (Figures 7–8)", _load),
+    ("serving_sweep", "Serving under increasing load (request-rate sweep)", _serving_sweep),
+    ("serving", "Serving metrics", _serving_runs),
     ("speed", "Wall-clock speed", _speed),
     ("lossless", "Lossless battery", _lossless),
     ("manifest", "Run manifests", _manifest),

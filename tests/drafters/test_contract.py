@@ -1,5 +1,6 @@
 """Contract every registered drafter must meet, without editing this file: at temperature 0 its output is
-token-identical to vanilla decoding (``none``), alone and batched, on Llama- and Qwen3-style targets.
+token-identical to vanilla decoding (``none``), alone and batched, on Llama- and Qwen3-style targets; and under the
+sampling filters its draft law q is processed as the target's p is (what it drafts from ``DraftContext.sampling``).
 
 Random-weight drafters almost never agree with the target, so that alone would only test the rounds where the
 first draft token is rejected. So every model drafter (one that loads a ``checkpoint``) is also trained, through
@@ -126,3 +127,25 @@ def test_every_model_drafter_is_covered():
     names = _model_drafters()
     assert {"dspark", "dflash", "eagle3", "mtp"} <= set(names)
     assert not [n for n in names if n not in METHODS]
+
+
+@pytest.mark.parametrize("name", drafters.names())
+def test_draft_laws_follow_the_runs_sampling_filters(name):
+    """With top-k 3 and min-p, every q a drafter hands over keeps at most 3 tokens, sums to 1 and gives its own
+    draft token mass: the drafter drew from the filtered law (``ctx.sampling``), not from the temperature alone.
+    Deterministic drafters (q = None) have nothing to filter."""
+    target = TARGETS["llama"]
+    drafter, seen = drafters.create(name, target), []
+    propose = drafter.propose
+    drafter.propose = lambda ctx: seen.append(propose(ctx)) or seen[-1]
+    config = EngineConfig(max_new_tokens=12, temperature=1.3, block_size=BLOCK, concurrency=2, top_k=3, min_p=0.01)
+    results = []
+    RoundLoop(target, drafter, config).run(_requests()[:2], results.append)
+    assert all(r.status == "ok" for r in results), [r.error for r in results]
+    rows = [(p.q[r, j], int(p.tokens[r, j])) for p in seen if p.q is not None
+            for r in range(len(p.lengths)) for j in range(int(p.lengths[r]))]
+    if all(p.q is None for p in seen):
+        return  # deterministic drafts (none, n-gram)
+    assert len(rows) >= 10, f"{name} drafted {len(rows)} tokens with a q"
+    for q, token in rows:
+        assert int((q > 0).sum()) <= 3 and float(q.sum()) == pytest.approx(1.0, abs=1e-5) and q[token] > 0

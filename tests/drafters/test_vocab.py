@@ -10,7 +10,7 @@ import torch
 from conftest import TINY_EOS, random_prompts, tiny_target
 
 from dspark_bench import drafters
-from dspark_bench.core.verify import sample, speculative_accept, to_probs
+from dspark_bench.core.verify import Sampling, sample, speculative_accept, to_probs
 from dspark_bench.drafters import registry, vocab
 from dspark_bench.engines.native.loop import EngineConfig, Request, RoundLoop
 from dspark_bench.lossless import exact
@@ -93,11 +93,16 @@ def test_law_is_the_softmax_over_the_subset_and_exactly_zero_elsewhere(temperatu
     assert head.sub_logits(h).shape == (4, 3, len(ids))
 
 
-@pytest.mark.parametrize("rows,vocab_size,temperature", [(1, 12, 1.0), (3, 12, 0.6), (3, 12, 0.0), (64, 4096, 1.0)])
+@pytest.mark.parametrize("rows,vocab_size,temperature", [
+    (1, 12, 1.0), (3, 12, 0.6), (3, 12, 0.0), (64, 4096, 1.0),
+    (3, 12, Sampling(0.8, top_p=0.8, top_k=3, min_p=0.05)), (64, 4096, Sampling(1.0, top_p=0.9, top_k=50)),
+    (64, 4096, Sampling(1.2, top_k=2000, min_p=0.01)),  # top-k beyond the N = 1024 draftable tokens: no cut
+])
 def test_head_space_draw_is_the_full_space_draw(rows, vocab_size, temperature):
     """DraftHead.draw over the N columns: the law written to S's columns of a zeroed buffer (exact zeros elsewhere)
     is to_probs of the -inf-padded full logits up to float32 rounding (the softmax sums N values, not V), the token
-    is drawn from exactly the law written, and it is the full-space token (here in every row, one- and two-level)."""
+    is drawn from exactly the law written, and it is the full-space token (here in every row, one- and two-level).
+    Under the sampling filters too: they cut the same tokens in head space as over the padded full logits."""
     g = torch.Generator().manual_seed(rows)
     ids = torch.randperm(vocab_size, generator=g)[: max(5, vocab_size // 4)].sort().values
     head = vocab.DraftHead(torch.randn(vocab_size, 6, generator=g), ids)
@@ -110,6 +115,7 @@ def test_head_space_draw_is_the_full_space_draw(rows, vocab_size, temperature):
     outside = torch.ones(vocab_size, dtype=torch.bool)
     outside[ids] = False
     assert torch.all(out[:, outside] == 0) and torch.allclose(out, full, rtol=1e-6, atol=1e-8)
+    assert torch.equal(out > 0, full > 0)  # the filters cut the same tokens in head space
     assert torch.equal(tokens, sample(out, u))  # drawn from the law handed to the verifier
     assert torch.equal(tokens, sample(full, u))
     assert set(tokens.tolist()) <= set(ids.tolist())

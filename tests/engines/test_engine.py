@@ -103,10 +103,20 @@ def test_prefill_failure_is_recorded(tiny):
 
 
 @pytest.mark.parametrize("field, value", [("block_size", 0), ("temperature", -0.5), ("max_new_tokens", 0),
-                                          ("concurrency", 0)])
+                                          ("concurrency", 0), ("top_p", 0.0), ("top_k", -2), ("min_p", 1.0)])
 def test_engine_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
         EngineConfig(**{field: value})
+
+
+@pytest.mark.parametrize("name", ["none", "ngram", "dflash"])
+def test_top_k_1_decodes_greedily(tiny, name):
+    """Top-k 1 at any temperature is greedy decoding, token for token, through the whole loop (p and q alike)."""
+    reqs = _requests(3, seed=9)
+    greedy = _run(tiny, name, reqs, max_new_tokens=20, temperature=0.0, concurrency=3)
+    for temperature in (0.7, 1.5):
+        top1 = _run(tiny, name, reqs, max_new_tokens=20, temperature=temperature, top_k=1, concurrency=3)
+        assert {i: r.output_ids for i, r in top1.items()} == {i: r.output_ids for i, r in greedy.items()}
 
 
 def test_target_cache_rollback_matches_full_forward(tiny):

@@ -108,3 +108,11 @@ def test_a_recorded_vllm_stream_with_per_request_statistics():
     assert rounds[:8] == ((3, 3, 0, 1),) * 8 and len(rounds) == 23
     assert spec_counters((folder / "vllm-0.32-ngram-metrics.txt").read_text()) == {
         "num_drafts": 8, "num_draft_tokens": 24, "num_accepted_tokens": 0, "accepted_per_pos": [0, 0, 0]}
+
+
+def test_the_body_pins_the_sampling_filters():
+    """Always sent, off ones too: a server left to choose applies its model's generation config."""
+    plain = Sampling("m", 4, 1.0).body(ChatRequest(0, "x", 7))
+    assert (plain["temperature"], plain["top_p"], plain["top_k"], plain["min_p"]) == (1.0, 1.0, 0, 0.0)
+    body = Sampling("m", 4, 0.8, top_p=0.9, top_k=20, min_p=0.05).body(ChatRequest(0, "x", 7))
+    assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"], body["seed"]) == (0.8, 0.9, 20, 0.05, 7)

@@ -114,7 +114,7 @@ def test_open_loop_run_against_a_server(server, tmp_path):
     assert manifest["engine"]["counter_delta"]["num_drafts"] == 8 and manifest["engine"]["version"] == "0.0-fake"
     assert manifest["engine"]["arrivals"] == {"rate": 20.0, "burstiness": 1.0, "seed": 5, "process": "poisson"}
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["serving"]["completed"] == 4 and summary["serving"]["good_requests"] == 4
+    assert summary["serving"]["server"]["completed"] == 4 and summary["serving"]["server"]["good_requests"] == 4
     assert summary["server_counters"]["acceptance_length"] == pytest.approx(2.0)  # 8 accepted over 8 drafts
 
 

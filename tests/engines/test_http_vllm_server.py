@@ -106,7 +106,7 @@ def _check_common(records, manifest, summary, out: Path) -> None:
     assert all(len(r.output_ids) == 24 and r.prompt_len > 0 and r.e2el_s >= r.ttft_s for r in records)
     assert manifest["engine"]["version"] == vllm_version() and manifest["engine"]["model"] == "smol"
     assert manifest["engine"]["arrivals"]["process"] == "poisson"
-    serving = summary["serving"]
+    (serving,) = summary["serving"].values()  # one server configuration: one label
     assert serving["completed"] == 3 and serving["good_requests"] == 3 and serving["output_throughput"] > 0
     report = cli("report", str(out), "-o", str(out.parent / "report"), "--no-png")
     assert report.returncode == 0, report.stderr[-3000:]

@@ -175,6 +175,15 @@ def test_settings_are_compared_with_the_baseline_runs_of_the_same_kind():
     assert settings_mismatches([{"args": greedy}], {"t1": {**sampled, "dtype": "bf16"}}) == []  # nothing to compare
 
 
+def test_sampling_filters_are_settings_and_a_manifest_without_them_sampled_without_them():
+    old = {**GATE_ARGS, "temperature": 1.0, "seed": 1}  # written before top_p / top_k / min_p were recorded
+    plain = {**old, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+    assert settings_mismatches([{"args": old}], {"new": plain}) == []
+    assert settings_mismatches([{"args": plain}], {"old": old}) == []
+    assert settings_mismatches([{"args": old}], {"new": {**plain, "top_p": 0.9, "top_k": 20}}) == [
+        SettingMismatch("new", "top_p", 0.9, (1.0,)), SettingMismatch("new", "top_k", 20, (0,))]
+
+
 def test_cli_gate_refuses_other_settings_unless_allowed_and_negative_tolerances(tmp_path):
     base = _write_run(tmp_path / "base", 1, 3.0, settings=GATE_ARGS)
     write_baseline([base], tmp_path / "bl")

@@ -350,3 +350,24 @@ def test_manifest_names_the_cpu_and_its_vector_extensions(tmp_path):
     assert cpu_features(tmp_path / "missing") is None
     cpu = environment()["machine"]["cpu"]
     assert cpu is None or set(cpu["flags"]) <= set(CPU_FLAGS)
+
+
+def test_sampling_filters_in_manifests_old_and_new(tmp_path):
+    """A manifest written before the filters were recorded reads as sampling without them: it merges with a part
+    that records them off, resumes with them off, and a part with a filter on is another run."""
+    from dspark_bench.engines.native.runner import spec_from_manifest
+    from dspark_bench.evaluation.runs import MANIFEST, merge_runs, read_manifest
+
+    _part(tmp_path / "old", [("ds", "a")])
+    _part(tmp_path / "new", [("ds", "b")])
+    _part(tmp_path / "topk", [("ds", "c")])
+    for name, filters in (("new", {"top_p": 1.0, "top_k": 0, "min_p": 0.0}), ("topk", {"top_k": 20})):
+        manifest = read_manifest(tmp_path / name)
+        (tmp_path / name / MANIFEST).write_text(json.dumps({**manifest, "args": {**manifest["args"], **filters}}))
+    spec = spec_from_manifest(read_manifest(tmp_path / "old"))
+    assert (spec.top_p, spec.top_k, spec.min_p) == (1.0, 0, 0.0)
+    assert spec_from_manifest(read_manifest(tmp_path / "topk")).sampling.top_k == 20
+    merge_runs([tmp_path / "old", tmp_path / "new"], tmp_path / "merged")
+    assert len(read_records(tmp_path / "merged")) == 4
+    with pytest.raises(ResultsError, match="differs from .* in top_k"):
+        merge_runs([tmp_path / "old", tmp_path / "topk"], tmp_path / "refused")

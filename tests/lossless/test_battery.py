@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dspark_bench.core.verify import speculative_accept
+from dspark_bench.core.verify import Sampling, speculative_accept, to_probs
 from dspark_bench.drafters.base import DraftContext, Slot
 from dspark_bench.lossless import battery, cases, checks, exact
 from dspark_bench.lossless.controls import Retrospective, appendix_a
@@ -20,7 +20,7 @@ from dspark_bench.lossless.report import (
     render_rows,
     report_to_json,
 )
-from dspark_bench.lossless.synthetic import MarkovChain, SyntheticDrafter, SyntheticTarget
+from dspark_bench.lossless.synthetic import MarkovChain, SyntheticDrafter, SyntheticTarget, exact_probs
 from dspark_bench.scheduling.schedulers import scheduler_names
 
 # Smaller than fast mode, still > 3x every sampled control's n for power 0.99 (at most 450).
@@ -41,6 +41,34 @@ def test_every_real_configuration_passes(synthetic_rows):
     for s in [*scheduler_names(), *battery.VARIANTS]:  # every scheduler and variant went through every family
         mine = {r.test for r in real if r.configuration.endswith(f"| {s}")}
         assert mine == {"exact", "chi2-gof", "chi2-homogeneity", "pit-ks"}, s
+
+
+def test_the_sampling_filters_are_checked(synthetic_rows):
+    """Exact rows under top-k and under top-p with min-p for every scheduler, the engine's own processing sampled
+    against the float64 twin, and the one-sided control detected."""
+    by = {(r.test, r.configuration) for r in synthetic_rows if r.verdict == r.expected}
+    for s in [*scheduler_names(), *battery.VARIANTS]:
+        assert ("exact", f"synthetic topk-v4-k2 | {s}") in by and ("exact", f"synthetic topp-minp-v4-k2-eos | {s}") in by
+    assert ("chi2-gof", "synthetic engine-v4-k3-eos+filters | fixed") in by
+    assert ("chi2-gof", "control e-filters-on-q-only @ engine-v4-k3-eos+filters") in by
+    filtered = [c for c in cases.exact_cases() if c.sampling.filtered]
+    assert {c.sampling.top_k > 0 for c in filtered} == {True, False}  # one top-k case, one top-p / min-p case
+    for case in filtered:  # the filters cut tokens of p and q in these cases
+        assert (case.chain.probs(case.sampling) == 0).any() and (case.draft.chain.probs(case.sampling) == 0).any()
+
+
+def test_the_float64_twin_is_the_engines_processing():
+    """exact_probs (the battery's reference, written apart) and to_probs (the engine's) keep the same tokens and give
+    the same law up to float32 rounding, ties and -inf columns included."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 300, generator=g, dtype=torch.float64) * 2
+    logits[:16] = logits[:16].round()
+    logits[16:20, ::4] = -float("inf")
+    for sampling in (Sampling(1.0), Sampling(0.0, top_k=3), Sampling(0.8, top_k=7), Sampling(1.2, top_p=0.6),
+                     Sampling(1.0, min_p=0.15), battery.REAL_SAMPLING, Sampling(0.7, top_k=100, top_p=0.95)):
+        engine, twin = to_probs(logits.float(), sampling).double(), exact_probs(logits.float().double(), sampling)
+        assert torch.equal(engine > 0, twin > 0), sampling
+        assert torch.allclose(engine, twin, atol=2e-6), sampling
 
 
 def test_every_control_is_detected_with_its_power_statement(synthetic_rows):
@@ -80,12 +108,16 @@ def test_synthetic_drafter_hands_over_what_it_samples_and_markov_confidences():
     target = SyntheticTarget(chain)
     drafter = SyntheticDrafter(SyntheticDrafter.Config(chain, confidence), target)
     slots = [Slot(0, [2], 1, 1), Slot(1, [3], 1, 2)]
-    proposal = drafter.propose(DraftContext(target, 1.0, 3, slots))
-    probs = chain.probs(1.0).float()
-    for r, slot in enumerate(slots):
-        prev = [slot.tokens[-1], *proposal.tokens[r, :2].tolist()]
-        assert torch.allclose(proposal.q[r], probs[prev])
-        assert proposal.confidence[r].tolist() == pytest.approx([confidence[p, j].item() for j, p in enumerate(prev)])
+    for sampling in (1.0, Sampling(0.9, top_k=2)):
+        proposal = drafter.propose(DraftContext(target, sampling, 3, slots))
+        probs = chain.probs(sampling).float()
+        for r, slot in enumerate(slots):
+            prev = [slot.tokens[-1], *proposal.tokens[r, :2].tolist()]
+            assert torch.allclose(proposal.q[r], probs[prev])
+            assert (proposal.q[r].gather(-1, proposal.tokens[r].unsqueeze(-1)) > 0).all()
+            assert proposal.confidence[r].tolist() == pytest.approx([confidence[p, j].item()
+                                                                     for j, p in enumerate(prev)])
+    assert ((proposal.q > 0).sum(-1) == 2).all()  # top-k 2 of 4 tokens
 
 
 def test_synthetic_target_keeps_a_cache_like_history():
@@ -131,6 +163,10 @@ def test_bad_input_fails_early():
 
 @pytest.mark.integration
 def test_real_target_pit_passes():
-    rows = battery.real_results(SMALL, "smollm2-135m", ["ngram"], ["fixed"], seed=0, say=lambda _m: None)
-    assert [r.test for r in rows] == ["pit-ks"] and rows[0].n >= SMALL.real_min_tokens
-    assert rows[0].p_value > 1e-3 and not rows[0].detail.startswith("error")
+    """The plain row and the row under the sampling filters (the teacher-forced law processed the same way)."""
+    rows = battery.real_results(SMALL, "smollm2-135m", ["dspark"], ["fixed"], seed=0, say=lambda _m: None)
+    assert [r.configuration for r in rows] == ["smollm2-135m | dspark | fixed",
+                                               f"smollm2-135m | dspark | fixed | {battery.REAL_SAMPLING.label}"]
+    for row in rows:
+        assert row.test == "pit-ks" and row.n >= SMALL.real_min_tokens
+        assert row.p_value > 1e-3 and not row.detail.startswith("error")

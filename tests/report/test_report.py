@@ -130,7 +130,8 @@ def test_hand_made_run_numbers_come_from_summary(tmp_path):
     assert "| dspark | 3 | 0 | " in md and "| 12.3 | 45.6 | 78.9 |" in md  # TTFT percentiles in ms
     assert set(res.sections) >= {"table1", "positions", "histogram", "speed", "manifest"}
     missing = {m.key: m.reason for m in res.missing}
-    assert set(missing) == {"paper", "block_size", "sweep", "calibration", "profile", "load", "lossless"}
+    assert set(missing) == {"paper", "block_size", "sweep", "calibration", "profile", "load", "lossless",
+                            "serving_sweep", "serving"}
     assert "simulate.json" in missing["load"] and "calibration.json" in missing["calibration"]
     assert "block sizes" in missing["block_size"] and "sweep.json" in missing["sweep"]
     assert "## Not in this report" in md and "lossless.json" in md

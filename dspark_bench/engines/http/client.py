@@ -46,17 +46,24 @@ class ChatRequest:
 @dataclass(frozen=True)
 class Sampling:
     """What every request of a run asks for. ``extra``: server-specific body fields (e.g. vLLM's
-    ``return_tokens_as_token_ids``), merged into the request body."""
+    ``return_tokens_as_token_ids``), merged into the request body. The filters are always sent, off ones too
+    (top_p 1, top_k 0, min_p 0): a server left to choose applies its model's generation config (vLLM's
+    ``--generation-config auto``), which may set them. ``top_k`` and ``min_p`` are not OpenAI fields; vLLM,
+    SGLang and llama.cpp's servers read them from the body."""
 
     model: str
     max_tokens: int
     temperature: float
     token_ids: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
 
     def body(self, request: ChatRequest) -> dict[str, Any]:
         body = {"model": self.model, "messages": [{"role": "user", "content": request.text}],
-                "max_tokens": self.max_tokens, "temperature": self.temperature, "seed": request.seed,
+                "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": self.top_k, "min_p": self.min_p, "seed": request.seed,
                 "stream": True, "stream_options": {"include_usage": True}}
         if self.token_ids:
             body.update(logprobs=True, return_tokens_as_token_ids=True)

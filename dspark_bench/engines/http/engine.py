@@ -2,9 +2,9 @@
 
 The server's speculative configuration is fixed when it starts, so a run decodes one configuration, named by
 ``--server-label`` (its "drafter" in the records; default ``server``). Each prompt becomes one streamed chat
-completion with the run's seed (base seed + index within its dataset), temperature and max tokens, sent at its
-arrival time (``--request-rate``; closed loop without one: ``--concurrency`` requests in flight, all arriving at
-once). A record per request, as each completes: the server's token ids, TTFT from sending, every inter-delivery
+completion with the run's seed (base seed + index within its dataset), sampling (temperature, top_p, top_k,
+min_p) and max tokens, sent at its arrival time (``--request-rate``; closed loop without one: ``--concurrency``
+requests in flight, all arriving at once). A record per request, as each completes: the server's token ids, TTFT from sending, every inter-delivery
 gap, end-to-end latency from arrival, time spent waiting for the client's concurrency cap (``queue_s``), and
 rounds from the server's per-request speculative statistics when it returns them (:mod:`.spec`). The server's
 ``vllm:spec_decode_*`` counters are read before and after the run; their differences are in the manifest and
@@ -17,6 +17,7 @@ it is never written to the run folder.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -26,16 +27,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dspark_bench.core.arrivals import Arrivals
 from dspark_bench.core.records import RequestRecord
-from dspark_bench.engines.base import Engine, EngineError, EngineOptions, RunSpec, register_engine
+from dspark_bench.engines.base import (
+    Engine,
+    EngineError,
+    EngineOptions,
+    RunSpec,
+    arrival_schedule,
+    load_facts,
+    register_engine,
+)
 from dspark_bench.engines.http.client import ChatRequest, Sampling, Streamed, stream_all
 from dspark_bench.engines.http.prometheus import spec_counters
 from dspark_bench.engines.http.spec import rounds_from_stats
 from dspark_bench.engines.vllm.llm import counter_delta
 from dspark_bench.evaluation.metrics import summarize
 from dspark_bench.evaluation.runs import SCHEMA_VERSION, SUMMARY, RunWriter, environment, write_json
-from dspark_bench.evaluation.serving import serving_summary
+from dspark_bench.evaluation.serving import serving_by_drafter
 from dspark_bench.evaluation.suites import Prompt
 
 DEFAULT_LABEL = "server"
@@ -120,7 +128,8 @@ class OpenAIEngine(Engine):
         label = spec.drafters[0]
         arrivals = _schedule(spec, len(prompts))
         requests = [ChatRequest(i, p.text, spec.seed + p.index, arrivals[i]) for i, p in enumerate(prompts)]
-        sampling = Sampling(self.model, spec.max_new_tokens, spec.temperature)
+        sampling = Sampling(self.model, spec.max_new_tokens, spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                            min_p=spec.min_p)
         cap = spec.max_concurrency if spec.request_rate is not None else spec.concurrency
         manifest = self._manifest(spec, prompts, label)
         records: list[RequestRecord] = []
@@ -135,7 +144,7 @@ class OpenAIEngine(Engine):
 
             if spec.warmup and requests:
                 say("warm-up request (not recorded) ...")
-                asyncio.run(stream_all(base, Sampling(self.model, 8, spec.temperature),
+                asyncio.run(stream_all(base, dataclasses.replace(sampling, max_tokens=8),
                                        [ChatRequest(-1, requests[0].text, spec.seed)], 1,
                                        self.options.request_timeout_s, headers))
             before = self._counters()  # after the warm-up: the difference is the run's alone
@@ -152,7 +161,7 @@ class OpenAIEngine(Engine):
         manifest["finished"] = manifest["engine"]["finished"]
         write_json(folder / "manifest.json", manifest)
         summary = summarize(records, spec.block_size)
-        summary["serving"] = serving_summary(records, spec.slo or None)
+        summary["serving"] = serving_by_drafter(records, spec.slo or None)
         summary["server_counters"] = counter_summary(delta)
         write_json(folder / SUMMARY, summary)
         return summary
@@ -168,8 +177,7 @@ class OpenAIEngine(Engine):
             "engine": {"name": self.name, "base_url": self.options.base_url, "model": self.model,
                        "models": self.models, "version": self._version(), "label": label,
                        "api_key_env": self.options.api_key_env,
-                       "arrivals": (Arrivals(spec.request_rate, spec.burstiness, spec.seed).to_json()
-                                    if spec.request_rate is not None else {"closed_loop": spec.concurrency})},
+                       "arrivals": load_facts(spec)},
             "drafters": {label: {"config": {"server": self.options.base_url}, "scheduler_options": {}}},
             "prompts": [{"dataset": p.dataset, "domain": p.domain, "prompt_id": p.prompt_id, "index": p.index}
                         for p in prompts],
@@ -179,9 +187,8 @@ class OpenAIEngine(Engine):
 
 
 def _schedule(spec: RunSpec, n: int) -> tuple[float, ...]:
-    if spec.request_rate is None:
-        return (0.0,) * n
-    return Arrivals(spec.request_rate, spec.burstiness, spec.seed).times(n)
+    arrivals = arrival_schedule(spec)
+    return arrivals.times(n) if arrivals else (0.0,) * n
 
 
 def to_record(out: Streamed, prompt: Prompt, label: str, spec: RunSpec, arrival_s: float) -> RequestRecord:

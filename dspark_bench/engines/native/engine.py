@@ -21,7 +21,7 @@ from dspark_bench.engines.base import (
     render,
 )
 from dspark_bench.engines.native.loop import EngineConfig
-from dspark_bench.engines.native.runner import Run, default_drafters
+from dspark_bench.engines.native.runner import Run, check_open_loop, default_drafters
 from dspark_bench.evaluation.suites import Prompt
 from dspark_bench.scheduling.schedulers import create_scheduler, scheduler_class
 from dspark_bench.target.model import EMBEDDED, Target, resolve_target
@@ -39,14 +39,16 @@ class NativeEngine(Engine):
         if self.options.options:
             raise EngineError("--engine-opt configures vLLM: give it with --engine vllm")
         refuse_server_options(self.name, self.options)
-        if spec.request_rate is not None:
-            raise EngineError("--request-rate: our engine takes closed-loop load only so far (--concurrency R keeps R "
-                              "requests in flight); open-loop arrivals run on a server, --engine openai --base-url URL")
+        check_open_loop(spec)
+        if spec.request_rate is not None and (self.options.workers > 1 or self.options.ray_address):
+            raise EngineError("--request-rate runs in one process: every drafter meets one arrival schedule; drop "
+                              "--workers / --ray-address")
         for name in spec.drafters:
             drafters.drafter_class(name)  # fail on an unknown name before loading anything heavy
         check_drafter_options(spec.drafters, spec.drafter_options)
         check_scheduler(spec.scheduler, spec.scheduler_options, spec.profile)
-        EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)  # validates early
+        EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency, spec.top_p, spec.top_k,
+                     spec.min_p)  # validates early
         check_target(spec.target, self.options.cache_dir)
         check_context(spec, prompts, self.options.cache_dir)
         return spec
@@ -60,7 +62,7 @@ class NativeEngine(Engine):
             say(f"decoding on {opts.workers} Ray workers ...")
             return run_on_ray(spec, prompts, folder, opts.workers, opts.ray_address, opts.cache_dir)
         say(f"loading target [bold]{spec.target}[/] ({spec.dtype}) ...")
-        target = Target.load(spec.target, dtype=spec.dtype, cache_dir=opts.cache_dir)
+        target = Target.load(spec.target, dtype=spec.dtype, cache_dir=opts.cache_dir, forward_path=spec.target_path)
         return Run(spec, target, prompts, folder, on_record=on_record).execute()
 
 

@@ -19,8 +19,13 @@ Every method runs through :class:`RoundLoop`: vanilla decoding is the drafter th
 
 Requests join as slots free up (continuous batching: ``concurrency`` requests stay in flight until the queue
 runs dry); a finished request leaves and its result is handed to ``on_result`` at once, so a crash later never
-loses it. :meth:`RoundLoop.session` exposes the loop one step at a time so that a runner can interleave several
-engines round by round (see :mod:`dspark_bench.engines.native.runner`).
+loses it. Under open-loop load the requests carry arrival times: a request joins at the first step after it
+arrives (admission happens between rounds), at most ``concurrency`` in flight (``--max-concurrency``), and a
+session with nothing in flight moves its clock to the next arrival (:class:`~dspark_bench.core.timing.StepClock`,
+which runs only during the session's own steps). Each request then records its arrival, its admission and the
+end of its admission and of each of its rounds, its token deliveries (:class:`~dspark_bench.core.rounds.Served`).
+:meth:`RoundLoop.session` exposes the loop one step at a time so that a runner can interleave several engines
+round by round (see :mod:`dspark_bench.engines.native.runner`).
 
 Randomness: the first token after a prompt ending at position n, and the recovered/bonus token of a round whose
 current token is at position n, use key (seed, n, TARGET); the test of draft x_j at position n + j uses
@@ -38,15 +43,24 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from dspark_bench.core import rng
-from dspark_bench.core.rounds import Request, RequestResult, RoundStats
-from dspark_bench.core.timing import Timer
-from dspark_bench.core.verify import AcceptRule, Draws, Verdict, sample, speculative_accept, to_probs
+from dspark_bench.core.rounds import Request, RequestResult, RoundStats, Served
+from dspark_bench.core.timing import StepClock, Timer
+from dspark_bench.core.verify import (
+    AcceptRule,
+    Draws,
+    Sampling,
+    Verdict,
+    sample,
+    speculative_accept,
+    to_probs,
+)
 from dspark_bench.drafters.base import DraftContext, Drafter, Proposal, RoundTiming, Slot
 from dspark_bench.scheduling.schedulers import Fixed, Scheduler
 from dspark_bench.target.model import KVBatch, Target, to_device
@@ -60,16 +74,25 @@ class EngineConfig:
     temperature: float = 1.0
     block_size: int = 7
     concurrency: int = 1
+    top_p: float = 1.0  # the filters of :class:`~dspark_bench.core.verify.Sampling` (1, 0, 0: off)
+    top_k: int = 0
+    min_p: float = 0.0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not math.isfinite(self.temperature) or self.temperature < 0:  # NaN passes `< 0` and samples garbage
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        self.sampling  # noqa: B018 - validates the filters
         if self.block_size < 1:
             raise ValueError(f"block size must be >= 1, got {self.block_size}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+    @property
+    def sampling(self) -> Sampling:
+        """How p and q are made from logits: the temperature and the filters, for the target and the drafter."""
+        return Sampling(self.temperature, self.top_p, self.top_k, self.min_p)
 
 
 @dataclass(eq=False)
@@ -82,6 +105,8 @@ class _Live:
     rounds: list[RoundStats] = field(default_factory=list)
     finish: str | None = None
     error: str | None = None
+    admitted_s: float | None = None  # open-loop load: on the session's clock
+    delivered_s: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -125,10 +150,11 @@ class Session:
         self.engine, self.queue, self.on_result = engine, queue, on_result
         self.target, self.drafter, self.config = engine.target, engine.drafter, engine.config
         self.timer = Timer(self.target.device)
-        self.ctx = DraftContext(self.target, self.config.temperature, self.config.block_size, timer=self.timer,
+        self.ctx = DraftContext(self.target, self.config.sampling, self.config.block_size, timer=self.timer,
                                 drafter=getattr(self.drafter, "name", ""), reports_rounds=True)
         self.live: list[_Live] = []
         self.batch: KVBatch | None = None
+        self.clock = _open_loop_clock(queue, self.target.device)  # None: closed-loop load
 
     @property
     def done(self) -> bool:
@@ -141,25 +167,57 @@ class Session:
         a round autograd's bookkeeping (about a fifth of the acceptance step's time at one row on the CPU)."""
         if self.done:
             return False
-        with torch.inference_mode():
-            free = self.config.concurrency - len(self.live)
-            if free > 0 and self.queue:
-                self._admit([self.queue.popleft() for _ in range(min(free, len(self.queue)))])
+        with torch.inference_mode(), (self.clock.running() if self.clock else nullcontext()):
+            joining = self._arrived(self.config.concurrency - len(self.live))
+            if joining:
+                self._admit(joining)
             if self.live and all(item.finish is None for item in self.live):
                 self._round_or_fail()
+                self._delivered(self.live)
             self._retire()
         return not self.done
+
+    # ---- arrivals (open-loop load) --------------------------------------------------------------------------
+    def _arrived(self, free: int) -> list[Request]:
+        """Who joins the batch now, at most ``free``: closed loop, the next of the queue; open loop, those that
+        have arrived by the session's clock, in arrival order. A session with nothing in flight first waits for
+        its next arrival (:meth:`StepClock.wait_until`: its clock moves on, nothing spins and nothing sleeps)."""
+        if free <= 0 or not self.queue:
+            return []
+        if self.clock is None:
+            return [self.queue.popleft() for _ in range(min(free, len(self.queue)))]
+        if not self.live:
+            self.clock.wait_until(self.queue[0].arrival_s)
+        now, out = self.clock.now(), []
+        while self.queue and len(out) < free and self.queue[0].arrival_s <= now:
+            out.append(self.queue.popleft())
+        return out
+
+    def _waiting(self) -> int:
+        """Requests queued for a slot: the whole queue in closed loop, the arrived ones in open loop."""
+        if self.clock is None:
+            return len(self.queue)
+        now = self.clock.now()
+        return next((i for i, r in enumerate(self.queue) if r.arrival_s > now), len(self.queue))
+
+    def _delivered(self, items: list[_Live]) -> None:
+        """Open loop: ``items`` received tokens now (the end of an admission or of a round)."""
+        if self.clock is not None:
+            now = self.clock.now()
+            for item in items:
+                item.delivered_s.append(now)
 
     # ---- admission ------------------------------------------------------------------------------------------
     def _admit(self, joining: list[Request]) -> None:
         """Prefill ``joining`` together, sample each first token, and merge them into the running batch."""
         timer, device = self.timer, self.target.device
+        admitted = self.clock.now() if self.clock else None
         t0 = timer.mark()
         try:
             new_batch, out = self.target.prefill([list(r.prompt_ids) for r in joining], self.engine.taps)
             u = to_device(rng.uniforms([r.seed for r in joining], [len(r.prompt_ids) - 1 for r in joining],
                                        rng.TARGET), device)  # [J]
-            first = sample(to_probs(out.logits[:, -1], self.config.temperature), u).tolist()  # the one D2H copy
+            first = sample(to_probs(out.logits[:, -1], self.ctx.sampling), u).tolist()  # the one D2H copy
             items = []
             for r, (req, tok) in enumerate(zip(joining, first, strict=True)):
                 slot = Slot(req.request_id, [*req.prompt_ids, tok], len(req.prompt_ids), req.seed)
@@ -169,7 +227,7 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - a failed request is recorded, never fatal for the run
             timer.clear()
             for req in joining:
-                self.on_result(_failed(req, exc))
+                self.on_result(_failed(req, exc, admitted))
             return
         if self.batch is None:
             self.batch = self.target.new_batch()
@@ -178,8 +236,9 @@ class Session:
         ttft = timer.seconds(t0, timer.mark())
         timer.clear()
         for item in items:
-            item.ttft_s = ttft
+            item.ttft_s, item.admitted_s = ttft, admitted
             self._check_done(item)
+        self._delivered(items)
         self.live.extend(items)
         self.ctx.slots = [i.slot for i in self.live]
 
@@ -194,7 +253,7 @@ class Session:
             self.timer.clear()
 
     def _round(self) -> None:
-        ctx, live, timer, waiting = self.ctx, self.live, self.timer, len(self.queue)
+        ctx, live, timer, waiting = self.ctx, self.live, self.timer, self._waiting()
         scheduler = self.engine.scheduler
         context = float(np.mean([i.slot.position for i in live]))
         t0 = timer.mark()
@@ -249,7 +308,7 @@ class Session:
         """4. accept: target law p at the k+1 slots vs the draft law q, all R requests in one step. ``lens``: verify
         lengths [R], ``u``: the round's uniforms [R, k+1] (:meth:`_accept_uniforms`), both on the device."""
         width, device = draft.shape[1], self.target.device
-        p = to_probs(logits[:, : width + 1], self.config.temperature)  # [R, k+1, V]
+        p = to_probs(logits[:, : width + 1], self.ctx.sampling)  # [R, k+1, V], processed as q is
         q = None if proposal.q is None else to_device(proposal.q[:, :width], device)
         draws = Draws(u[:, :width], u[:, width])
         v = self.engine.accept(p, draft, q, lens, draws, self.engine.eos)
@@ -325,11 +384,26 @@ class Session:
 
 def _result(item: _Live) -> RequestResult:
     status = "error" if item.finish == "error" else "ok"
+    served = (None if item.admitted_s is None
+              else Served(item.request.arrival_s, item.admitted_s, tuple(item.delivered_s)))
     return RequestResult(
         item.request, status, tuple(item.output), tuple(item.rounds), item.ttft_s, item.decode_s,
-        item.finish or "length", item.error,
+        item.finish or "length", item.error, served,
     )
 
 
-def _failed(req: Request, exc: BaseException) -> RequestResult:
-    return RequestResult(req, "error", (), (), 0.0, 0.0, "error", f"{type(exc).__name__}: {exc}")
+def _failed(req: Request, exc: BaseException, admitted: float | None = None) -> RequestResult:
+    served = None if admitted is None else Served(req.arrival_s, admitted, ())
+    return RequestResult(req, "error", (), (), 0.0, 0.0, "error", f"{type(exc).__name__}: {exc}", served)
+
+
+def _open_loop_clock(queue: deque[Request], device) -> StepClock | None:
+    """A session's clock when its requests carry arrival times (open-loop load), None when none do; they must
+    come in arrival order."""
+    times = [r.arrival_s for r in queue]
+    if all(t is None for t in times):
+        return None
+    if any(t is None for t in times) or any(a > b for a, b in zip(times, times[1:], strict=False)):
+        raise ValueError("open-loop requests need an arrival time each, in arrival order (a closed-loop request "
+                         "has none)")
+    return StepClock(device)

@@ -55,7 +55,8 @@ def _decode_shard(spec: RunSpec, keys: list[tuple[str, str]], folder: str, cache
     from dspark_bench.target.model import Target
 
     by_key = {(p.dataset, p.prompt_id): p for p in load_suite(spec.suite, spec.limit, skip=spec.skip)}
-    target = Target.load(spec.target, dtype=spec.dtype, cache_dir=Path(cache_dir) if cache_dir else None)
+    target = Target.load(spec.target, dtype=spec.dtype, cache_dir=Path(cache_dir) if cache_dir else None,
+                         forward_path=spec.target_path)
     Run(spec, target, [by_key[k] for k in keys], Path(folder)).execute()
     return folder
 

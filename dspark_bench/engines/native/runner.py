@@ -9,6 +9,18 @@ every method is timed side by side with ``none`` on the same prompts under the s
 or thermal drift hits all of them alike, at the granularity of one round), and each one's clock runs only
 during its own rounds (a round's times never include another engine's work). Ratios, not absolute times, are
 what the summary compares. The price is memory: every drafter's batch is resident at once.
+
+**Open-loop load** (``RunSpec.request_rate``). Request i of the prompt list arrives at time i of the seeded
+schedule (:func:`~dspark_bench.engines.base.arrival_schedule`, the server engine's too), and every drafter's
+session gets that same schedule: the runner still interleaves the sessions round by round, and each keeps its own
+clock from its first step, after the warm-up, running only during its own steps
+(:class:`~dspark_bench.core.timing.StepClock`). So each drafter meets the arrivals as if it were alone on the
+machine (its rounds back to back, its idle gaps skipped rather than slept), while drift still hits every drafter
+alike. Running the drafters one after another on wall clocks would be the alternative; it takes their sum of
+wall time (idle waits included) and lets the machine's drift between them into the comparison. At most
+``max_concurrency`` requests are in flight (every request when it is None); the summary's ``serving`` block holds
+each drafter's serving metrics (:func:`~dspark_bench.evaluation.serving.serving_by_drafter`). An open-loop run
+sends each request once (one repeat) and is not resumed: its latencies depend on the whole schedule.
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ from dspark_bench import drafters as drafter_registry
 from dspark_bench.core.records import RequestRecord, ResultsError, record_from_result, record_key
 from dspark_bench.core.rounds import Request, RequestResult
 from dspark_bench.drafters import checkpoint
-from dspark_bench.engines.base import RunSpec, context_of, fit_prompts
+from dspark_bench.engines.base import RunSpec, arrival_schedule, context_of, fit_prompts, load_facts
 from dspark_bench.engines.native.loop import EngineConfig, RoundLoop, Session
 from dspark_bench.evaluation.metrics import summarize
 from dspark_bench.evaluation.runs import (
@@ -37,6 +49,7 @@ from dspark_bench.evaluation.runs import (
     read_records,
     write_json,
 )
+from dspark_bench.evaluation.serving import serving_by_drafter
 from dspark_bench.evaluation.suites import Prompt
 from dspark_bench.scheduling.schedulers import create_scheduler, scheduler_class, with_profile
 from dspark_bench.target.model import Target
@@ -70,7 +83,7 @@ class _Open:
 
         def on_result(res: RequestResult) -> None:
             rec = record_from_result(res, name, spec.scheduler, index[res.request.request_id], repeat,
-                                     spec.concurrency)
+                                     self.run.batch_cap)
             self.writer.add(rec)
             self.records.append(rec)
             self.run.on_record(rec)
@@ -78,7 +91,7 @@ class _Open:
         return on_result
 
     def finish(self) -> dict:
-        summary = summarize(self.records, self.run.spec.block_size)
+        summary = run_summary(self.records, self.run.spec)
         self.manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         if self.todo is not None:
             self.manifest["resumed"][-1]["finished"] = self.manifest["finished"]
@@ -109,6 +122,9 @@ def resume(folder: Path, target: Target, prompts: Sequence[Prompt],
     folder = Path(folder)
     manifest = read_manifest(folder)
     spec = spec_from_manifest(manifest)
+    if spec.request_rate is not None:
+        raise ResultsError(f"{folder}: an open-loop run (--request-rate) cannot be resumed: its latencies depend on "
+                           f"the whole arrival schedule; run it again into a new folder")
     listed = [(p["dataset"], p["prompt_id"]) for p in manifest.get("prompts", [])]
     if listed != [(p.dataset, p.prompt_id) for p in prompts]:
         raise ResultsError(f"{folder}: the suite {spec.suite!r} at --limit {spec.limit} no longer selects the "
@@ -141,6 +157,27 @@ def missing_keys(spec: RunSpec, prompts: Sequence[Prompt], records: Sequence[Req
     return [{"dataset": p.dataset, "prompt_id": p.prompt_id, "drafter": d, "repeat": k}
             for p in prompts for k in range(spec.repeats) for d in spec.drafters
             if (d, p.dataset, p.prompt_id, k) not in done]
+
+
+def run_summary(records: Sequence[RequestRecord], spec: RunSpec) -> dict:
+    """``summary.json``: the metrics of every drafter, and under open-loop load each one's ``serving`` block."""
+    summary = summarize(records, spec.block_size)
+    serving = serving_by_drafter(records, spec.slo or None)
+    if serving is not None:
+        summary["serving"] = serving
+    return summary
+
+
+def check_open_loop(spec: RunSpec) -> None:
+    """Refuse what open-loop load does not combine with in our engine (before any model loads)."""
+    if spec.request_rate is None:
+        return
+    if spec.repeats != 1:
+        raise ValueError(f"--request-rate sends each request once on its schedule: drop --repeats {spec.repeats} "
+                         f"(run again for another sample)")
+    if spec.concurrency != 1:
+        raise ValueError(f"--concurrency {spec.concurrency} is closed-loop load; with --request-rate cap the "
+                         f"requests in flight with --max-concurrency")
 
 
 def default_drafters(target: str) -> tuple[str, ...]:
@@ -184,6 +221,14 @@ class Run:
     resolved_scheduler_options: dict[str, dict[str, str]] = field(default_factory=dict, init=False)
     _measured: dict = field(default_factory=dict, init=False)  # a profile measured for schedulers given none
 
+    @property
+    def batch_cap(self) -> int:
+        """Requests in flight at most: ``concurrency`` (closed loop), or ``max_concurrency`` under arrivals (every
+        request when it is None). Records carry it as their ``concurrency``."""
+        if self.spec.request_rate is None:
+            return self.spec.concurrency
+        return self.spec.max_concurrency or max(len(self.prompts), 1)
+
     def execute(self) -> dict:
         """Decode, record and summarise; returns the summary."""
         return execute_together([self])[0]
@@ -192,8 +237,13 @@ class Run:
         """Engines, requests, manifest and record writer of this run (closed with ``stack``). ``resume``: the
         manifest and records the run folder already holds; only what they lack is decoded (:func:`resume`)."""
         spec = self.spec
+        check_open_loop(spec)
         requests, cut = fit_requests(build_requests(self.target, self.prompts, spec.seed), self.prompts, spec,
                                      self.target)
+        arrivals = arrival_schedule(spec)
+        if arrivals is not None:
+            requests = [dataclasses.replace(r, arrival_s=t) for r, t in zip(requests, arrivals.times(len(requests)),
+                                                                           strict=True)]
         if resume is None:
             engines = {name: self._engine(name) for name in spec.drafters}
             manifest, records, todo = {**self._manifest(engines), **({"truncated": cut} if cut else {})}, [], None
@@ -219,7 +269,8 @@ class Run:
         drafter = drafter_registry.create(name, self.target, spec.drafter_options.get(name))
         opts = scheduler_options(spec, drafter)
         self.resolved_scheduler_options[name] = {k: str(v) for k, v in opts.items()}
-        config = EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)
+        config = EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, self.batch_cap, spec.top_p,
+                              spec.top_k, spec.min_p)
         scheduler = with_profile(create_scheduler(spec.scheduler, **opts), self.target, self._measured)
         return RoundLoop(self.target, drafter, config, scheduler)
 
@@ -230,7 +281,7 @@ class Run:
         (before 264a11f, 2026-12-04, they taught the run's scheduler: it took the vanilla step that measures a
         vanilla step's price at R = 1 in the warmup, and the warmup's rows of confidences entered its
         expectations)."""
-        probe = [dataclasses.replace(requests[0], request_id=-1)]
+        probe = [dataclasses.replace(requests[0], request_id=-1, arrival_s=None)]  # closed loop: no clock
         for engine in engines.values():
             short = dataclasses.replace(engine.config, max_new_tokens=min(8, engine.config.max_new_tokens))
             warm = engine.scheduler.warmup_copy()
@@ -244,13 +295,15 @@ class Run:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "args": dataclasses.asdict(self.spec),
             "target": {"name": t.name, "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device),
-                       "vocab_size": t.vocab_size, "num_layers": t.num_layers, "hidden_size": t.hidden_size},
+                       "vocab_size": t.vocab_size, "num_layers": t.num_layers, "hidden_size": t.hidden_size,
+                       "forward_path": t.forward_path},
             "drafters": {n: {"config": _plain(e.drafter.config), **_architecture(e.drafter),
                              "scheduler_options": self.resolved_scheduler_options.get(n, {})}
                          for n, e in engines.items()},
             "prompts": [{"dataset": p.dataset, "domain": p.domain, "prompt_id": p.prompt_id, "index": p.index}
                         for p in self.prompts],
             "seeds": {"base": self.spec.seed, "per_request": "base + index within dataset"},
+            "engine": {"name": "dspark", "arrivals": load_facts(self.spec)},
             **environment(),
         }
 

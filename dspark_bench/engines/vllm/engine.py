@@ -44,7 +44,11 @@ class VllmEngine(Engine):
             raise VllmError(f"--engine vllm has no method {', '.join(unknown)}; methods: {', '.join(METHODS)}")
         check_spec(spec)
         options = parse_engine_options(self.options.options)  # bad --engine-opt items fail before vLLM starts
-        EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency)  # validates early
+        EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, spec.concurrency, spec.top_p, spec.top_k,
+                     spec.min_p)  # validates early
+        if spec.min_p > 0 and any(n != "none" for n in spec.drafters):  # vllm/v1/spec_decode/utils.py
+            say("[yellow]warning:[/] vLLM decodes a request with min_p > 0 without speculation "
+                "(is_spec_decode_unsupported): its drafters' rounds will propose nothing")
         require_vllm()
         split_options(options)  # names and value types against the installed vLLM, before anything is written
         model = resolve_target(spec.target, self.options.cache_dir)

@@ -35,6 +35,7 @@ from importlib import metadata
 from typing import Any
 
 from dspark_bench.core.records import RequestRecord
+from dspark_bench.core.verify import Sampling
 
 ENGINES = ("dspark", "vllm")
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
@@ -348,12 +349,15 @@ class VllmLLM:
     wall_s: float = 0.0
     output_tokens: int = 0
 
-    def run(self, group: Sequence[VllmRequest], temperature: float, max_new_tokens: int, repeat: int,
+    def run(self, group: Sequence[VllmRequest], sampling: Sampling | float, max_new_tokens: int, repeat: int,
             concurrency: int) -> list[RequestRecord]:
+        """Decode ``group`` under ``sampling`` (or a bare temperature): vLLM's own top_p / top_k (0: off, as
+        ours) / min_p, which it applies in the order :class:`~dspark_bench.core.verify.Sampling` follows."""
         from vllm import SamplingParams
 
-        params = [SamplingParams(temperature=temperature, top_p=1.0, top_k=0, min_p=0.0, max_tokens=max_new_tokens,
-                                 seed=r.seed) for r in group]
+        s = Sampling.of(sampling)
+        params = [SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                                 max_tokens=max_new_tokens, seed=r.seed) for r in group]
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in group]
         before = counter_values(self.llm.get_metrics())
         t0 = time.perf_counter()

@@ -186,12 +186,12 @@ class VllmRun:
         spec, out = self.spec, []
         if spec.warmup:  # untimed, unrecorded: allocator, kernels, prefix cache of nothing we measure
             probe = dataclasses.replace(requests[0], prompt_ids=requests[0].prompt_ids[:8])
-            engine.run([probe], spec.temperature, min(WARMUP_TOKENS, spec.max_new_tokens), -1, 1)
+            engine.run([probe], spec.sampling, min(WARMUP_TOKENS, spec.max_new_tokens), -1, 1)
             engine.counter_check.clear()
             engine.wall_s, engine.output_tokens = 0.0, 0
         for repeat in range(spec.repeats):
             for group in groups(requests, spec.concurrency, engine.holds_concurrency):
-                for rec in engine.run(group, spec.temperature, spec.max_new_tokens, repeat, spec.concurrency):
+                for rec in engine.run(group, spec.sampling, spec.max_new_tokens, repeat, spec.concurrency):
                     writer.add(rec)
                     out.append(rec)
                     self.on_record(rec)

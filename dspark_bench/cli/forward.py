@@ -1,0 +1,85 @@
+"""``dspark-bench bench-forward``: the target's fast forward path against transformers' own, interleaved."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from dspark_bench.cli.common import DTYPE_OPTION, console, friendly, stdout
+from dspark_bench.cli.run import check_out_folder
+
+FORWARD_JSON = "forward_ab.json"
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"{option} must be a comma list of positive integers, got {text!r}")
+    return values
+
+
+@click.command(name="bench-forward")
+@click.option("--target", default="smollm2-135m", show_default=True)
+@DTYPE_OPTION
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's choice).")
+@click.option("--rows", default="1,8", show_default=True, help="Comma list of batch sizes R of the timed steps.")
+@click.option("--widths", default="1,8", show_default=True,
+              help="Comma list of block widths L (1: a decode step; k + 1: a verify block).")
+@click.option("--context", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Cached columns under every timed step.")
+@click.option("--pairs", default=30, show_default=True, type=click.IntRange(min=1), help="Timed pairs per step shape.")
+@click.option("--suite", default="all", show_default=True, help="Prompts of the generation measurement.")
+@click.option("--limit", default=4, show_default=True, type=click.IntRange(min=1), help="Prompts per dataset.")
+@click.option("--concurrency", default="1,8", show_default=True, help="Comma list of generation concurrencies.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--generate-pairs", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Timed pairs of each generation.")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help=f"Folder for {FORWARD_JSON}.")
+@friendly
+def bench_forward(target, dtype, threads, rows, widths, context, pairs, suite, limit, concurrency, max_new_tokens,
+                  generate_pairs, out):
+    """The fast forward path against the HF path on one set of weights, alternated call by call (fast, hf, ...):
+    target steps at each R x L, and greedy `none` generation. Ratios fast / hf (< 1: fast is faster) are medians of
+    per-pair ratios, so they hold on a loaded machine; absolute times do not."""
+    import torch
+
+    from dspark_bench.engines.native.runner import build_requests
+    from dspark_bench.evaluation.runs import environment
+    from dspark_bench.evaluation.suites import load_suite
+    from dspark_bench.studies.forward_ab import ForwardSpec, measure
+    from dspark_bench.target.model import Target, resolve_dtype
+
+    check_out_folder(out)
+    if (Path(out) / FORWARD_JSON).exists():
+        raise click.BadParameter(f"{out} already holds a {FORWARD_JSON}; choose another --out")
+    spec = ForwardSpec(_ints(rows, "--rows"), _ints(widths, "--widths"), context, pairs,
+                       _ints(concurrency, "--concurrency"), max_new_tokens, generate_pairs)
+    prompts = load_suite(suite, limit)
+    if threads:
+        torch.set_num_threads(threads)
+    dtype = resolve_dtype(dtype)
+    tgt = Target.load(target, dtype=dtype, forward_path="hf")
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result = measure(tgt, build_requests(tgt, prompts, 980406), spec, log=console.print)
+    result.update(target={"name": target, "dtype": dtype, "device": str(tgt.device)},
+                  threads=torch.get_num_threads(), started=started, environment=environment())
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / FORWARD_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    table = Table(title=f"fast / hf forward, {target} {dtype}, {torch.get_num_threads()} threads (medians of pairs)")
+    for col in ("measurement", "fast ms", "hf ms", "fast / hf"):
+        table.add_column(col, justify="right")
+    for s in result["steps"]:
+        table.add_row(f"step R={s['rows']} L={s['width']} C={s['context']}", f"{s['fast_median_ms']:.1f}",
+                      f"{s['hf_median_ms']:.1f}", f"{s['ratio_fast_over_hf']:.3f}")
+    for g in result["generate"]:
+        table.add_row(f"none x{g['requests']} c={g['concurrency']} ({'same' if g['same_tokens'] else 'other'} tokens)",
+                      f"{g['fast_median_ms']:.0f}", f"{g['hf_median_ms']:.0f}", f"{g['ratio_fast_over_hf']:.3f}")
+    stdout.print(table)
+    stdout.print(f"written to {Path(out) / FORWARD_JSON}")
