@@ -315,10 +315,14 @@ def _print_serving(rows: list[dict], serving: dict) -> None:
 
 def _print_rows(rows: list[dict]) -> None:
     table = Table(title="sweep (aggregate decode throughput; budget = verified tokens per request per step + 1)")
-    for col in ("drafter", "scheduler", "R", "agg tok/s", "tok/s/req", "budget", "waste", "τ"):
+    rates = any(r.get("request_rate") is not None for r in rows)  # open loop: R is the cap, the rate tells cells apart
+    cols = ("drafter", "scheduler", *(("req/s",) if rates else ()), "R", "agg tok/s", "tok/s/req", "budget", "waste",
+            "τ")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("drafter", "scheduler") else "right")
     for r in rows:
-        table.add_row(r["drafter"], r["label"], str(r["concurrency"]), _f(r["aggregate_tokens_per_s"]),
+        rate = (_f(r.get("request_rate"), "g"),) if rates else ()
+        table.add_row(r["drafter"], r["label"], *rate, str(r["concurrency"]), _f(r["aggregate_tokens_per_s"]),
                       _f(r["per_request_tps"]), _f(r["mean_verify_budget"]), _f(r["waste"], ".1%"), _f(r["tau"]))
     stdout.print(table)
 

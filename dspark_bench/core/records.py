@@ -26,7 +26,11 @@ class RequestRecord:
     request arrived, in seconds from the run's first arrival; ``queue_s``, arrival to admission (the engine took
     it in); ``itl_s``, the gaps between successive deliveries of output tokens after the first (a delivery may
     carry several tokens: a round's, or a streamed chunk's); ``e2el_s``, arrival to the last token. ``ttft_s``
-    stays admission to the first token, so TTFT as a client sees it is ``queue_s + ttft_s``."""
+    stays admission to the first token, so TTFT as a client sees it is ``queue_s + ttft_s``.
+
+    ``spec_totals``: (source, output tokens, accepted draft tokens, drafted tokens or None) where a server gives a
+    request's speculative totals but not its steps (:func:`dspark_bench.engines.http.spec.totals_from_stats`);
+    ``rounds`` is then empty."""
 
     drafter: str
     scheduler: str
@@ -53,6 +57,7 @@ class RequestRecord:
     queue_s: float | None = None
     itl_s: tuple[float, ...] | None = None
     e2el_s: float | None = None
+    spec_totals: tuple[str, int, int, int | None] | None = None
 
     @property
     def ok(self) -> bool:
@@ -90,12 +95,13 @@ def serving_fields(served: Served | None) -> dict[str, Any]:
 
 
 SERVING_FIELDS = ("arrival_s", "queue_s", "itl_s", "e2el_s")
+OPTIONAL_FIELDS = (*SERVING_FIELDS, "spec_totals")
 
 
 def record_to_dict(rec: RequestRecord) -> dict[str, Any]:
-    """The record as ``records.jsonl`` holds it; serving fields appear only when set (a closed-loop run's records
-    read as they did before those fields existed)."""
-    return {k: v for k, v in dataclasses.asdict(rec).items() if v is not None or k not in SERVING_FIELDS}
+    """The record as ``records.jsonl`` holds it; serving fields and server totals appear only when set (a
+    closed-loop run's records read as they did before those fields existed)."""
+    return {k: v for k, v in dataclasses.asdict(rec).items() if v is not None or k not in OPTIONAL_FIELDS}
 
 
 def record_from_dict(data: dict[str, Any]) -> RequestRecord:
@@ -104,7 +110,7 @@ def record_from_dict(data: dict[str, Any]) -> RequestRecord:
     if unknown:
         raise ResultsError(f"record has unknown keys {unknown}; known: {sorted(names)}")
     fixed = dict(data)
-    for key in ("output_ids", "batch", "waiting", "itl_s"):
+    for key in ("output_ids", "batch", "waiting", "itl_s", "spec_totals"):
         if fixed.get(key) is not None:
             fixed[key] = tuple(fixed[key])
     for key in ("rounds", "timings", "confidence"):

@@ -15,6 +15,7 @@ Terms:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -86,6 +87,22 @@ def chi_square_gof(observed: Sequence[float], probs: Sequence[float], min_expect
     return ChiSquare(statistic, df, float(stats.chi2.sf(statistic, df)) if df > 0 else 1.0, groups)
 
 
+def chi_square_gof_strata(tables: Sequence[tuple[Sequence[float], Sequence[float]]],
+                          min_expected: float = MIN_EXPECTED) -> ChiSquare:
+    """Pearson goodness of fit over independent strata, each ``(observed, probs)`` with its own fixed total (e.g.
+    one per prompt): each stratum pooled and tested as in :func:`chi_square_gof`, the statistic and df the sums of
+    theirs (a product of multinomials: df = sum of (groups - 1), not groups - 1 over all cells). ``groups`` numbers
+    the groups of all strata in one sequence."""
+    parts = [chi_square_gof(observed, probs, min_expected) for observed, probs in tables]
+    statistic, df = sum(p.statistic for p in parts), sum(p.df for p in parts)
+    groups, offset = [], 0
+    for part in parts:
+        groups += [g + offset for g in part.groups]
+        offset += max(part.groups, default=-1) + 1
+    p_value = 0.0 if math.isinf(statistic) else float(stats.chi2.sf(statistic, df)) if df > 0 else 1.0
+    return ChiSquare(statistic, df, p_value, tuple(groups))
+
+
 def chi_square_homogeneity(
     counts_a: Sequence[float], counts_b: Sequence[float], min_expected: float = MIN_EXPECTED
 ) -> ChiSquare:
@@ -128,6 +145,28 @@ def randomized_pit(
     below = torch.cumsum(p, -1).gather(-1, idx).squeeze(-1) - p.gather(-1, idx).squeeze(-1)
     v = torch.rand(p.shape[0], generator=generator, dtype=torch.float64)
     return (below + v * p.gather(-1, idx).squeeze(-1)).clamp_(0.0, 1.0)
+
+
+def ranked_pit(
+    probs: torch.Tensor,  # [N, V] the law of each observed token, token-id order
+    tokens: torch.Tensor,  # [N] observed tokens
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """:func:`randomized_pit` with the vocabulary ordered by the law itself: most likely token first (ties by id).
+
+    The order is a function of the law alone, so under H0 the values are as uniform as in id order. What changes is
+    the power: a sampler that emits too many unlikely tokens (a verifier that accepts or recovers against a wrong
+    law) puts them at the top of [0, 1], where the KS test sees them at once; in id order unlikely tokens scatter
+    over the whole interval. ``u = P(rank < rank(y)) + v * p(y)``."""
+    p = probs.double()
+    p = p / p.sum(-1, keepdim=True)
+    idx = tokens.long().unsqueeze(-1)
+    p_y = p.gather(-1, idx)  # [N, 1]
+    ids = torch.arange(p.shape[-1], device=p.device)
+    ahead = (p > p_y) | ((p == p_y) & (ids < idx))  # [N, V]: tokens ranked before y
+    below = (p * ahead).sum(-1)
+    v = torch.rand(p.shape[0], generator=generator, dtype=torch.float64)
+    return (below + v * p_y.squeeze(-1)).clamp_(0.0, 1.0)
 
 
 def ks_uniform(u: Sequence[float] | np.ndarray | torch.Tensor) -> tuple[float, float]:

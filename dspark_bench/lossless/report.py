@@ -9,6 +9,8 @@ Verdicts:
   below ``alpha / (m + 1)``, m = size of the real family: the level at which Holm would reject it first had it
   been one more member of that family.
 * a configuration that raised fails, with the error in ``detail``.
+* a row made ``inconclusive`` (a check that sampled too little of what it tests to state its power) or ``n/a``
+  (shown, not judged) stays so, out of the Holm family; a report with one is not ok, and says so (:attr:`BatteryReport.verdict`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,15 @@ class BatteryReport:
         """Every real configuration passes and every control fails."""
         return bool(self.results) and all(r.verdict == r.expected for r in self.results)
 
+    @property
+    def verdict(self) -> str:
+        """``ok``; ``fail`` when a row did not give its expected verdict for another reason than too little
+        evidence; else ``inconclusive``."""
+        if self.ok:
+            return "ok"
+        wrong = [r for r in self.results if r.verdict != r.expected]
+        return "inconclusive" if wrong and all(r.verdict == "inconclusive" for r in wrong) else "fail"
+
 
 def errored(test: str, configuration: str, exc: BaseException, is_control: bool = False) -> TestResult:
     return TestResult(test, configuration, 0, math.nan, verdict="fail", is_control=is_control,
@@ -75,13 +86,14 @@ def errored(test: str, configuration: str, exc: BaseException, is_control: bool 
 
 def finalize(results: list[TestResult], alpha: float = ALPHA) -> tuple[TestResult, ...]:
     """Set every verdict (module docstring)."""
-    family = [i for i, r in enumerate(results) if not r.is_control and r.p_value is not None]
+    family = [i for i, r in enumerate(results)
+              if not r.is_control and r.p_value is not None and r.verdict not in ("inconclusive", "n/a")]
     rejected, adjusted = holm([results[i].p_value for i in family], alpha)
     holm_of = {i: (rej, adj) for i, rej, adj in zip(family, rejected, adjusted, strict=True)}
     control_level = alpha / (len(family) + 1)
     out = []
     for i, r in enumerate(results):
-        if r.detail.startswith("error:"):
+        if r.detail.startswith("error:") or r.verdict in ("inconclusive", "n/a"):
             out.append(r)
         elif r.p_value is None:
             out.append(dataclasses.replace(r, verdict="pass" if r.statistic <= (r.bound or 0.0) else "fail"))
@@ -122,4 +134,4 @@ def report_to_json(report: BatteryReport) -> dict:
     """A JSON-safe dict (non-finite floats become the strings "inf" / "nan")."""
     results = [{k: _json_float(v) for k, v in dataclasses.asdict(r).items()} for r in report.results]
     head = {k: v for k, v in dataclasses.asdict(report).items() if k != "results"}
-    return {**head, "ok": report.ok, "rows": results}
+    return {**head, "ok": report.ok, "verdict": report.verdict, "rows": results}

@@ -122,7 +122,7 @@ def _ours(engine: RoundLoop, group: Sequence[Request]) -> int:
     return sum(len(r.output_ids) for r in results)
 
 
-def _timed(fn: Callable[[], int], device: torch.device) -> tuple[int, float]:
+def timed(fn: Callable[[], int], device: torch.device) -> tuple[int, float]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
@@ -146,7 +146,7 @@ def versus_hf(target: Target, requests: Sequence[Request], spec: BenchSpec, none
             arms = [("ours:none", lambda g=group: _ours(ours, g)),
                     ("hf:generate", lambda g=group: _hf_generate(target, spec, g))]
             for name, fn in arms if (rep + i) % 2 == 0 else arms[::-1]:
-                n, dt = _timed(fn, target.device)
+                n, dt = timed(fn, target.device)
                 totals[name][0] += n
                 totals[name][1] += dt
         reps.append({m: {"tokens": n, "seconds": s, "tokens_per_s": n / s if s else None}

@@ -24,6 +24,8 @@ class FakeServer:
 
     def __init__(self):
         self.drafts = 0
+        self.stats = {"metrics": {"speculative_decoding": {"per_step_drafted": STEPS["drafted"],
+                                                           "per_step_accepted": STEPS["accepted"]}}}
         self.bodies = []
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -70,8 +72,7 @@ class FakeServer:
         self.drafts += 2
         last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
         usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15},
-                 "metrics": {"speculative_decoding": {"per_step_drafted": STEPS["drafted"],
-                                                      "per_step_accepted": STEPS["accepted"]}}}
+                 **self.stats}
         for event in (last, usage):
             await resp.write(f"data: {json.dumps(event)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
@@ -116,6 +117,23 @@ def test_open_loop_run_against_a_server(server, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["serving"]["server"]["completed"] == 4 and summary["serving"]["server"]["good_requests"] == 4
     assert summary["server_counters"]["acceptance_length"] == pytest.approx(2.0)  # 8 accepted over 8 drafts
+
+
+def test_a_server_that_gives_totals_not_steps(server, tmp_path):
+    """llama.cpp's ``timings``: each request's totals are kept in its record and summed per label; no rounds are
+    invented from them."""
+    server.stats = {"timings": {"predicted_n": 6, "draft_n": 6, "draft_n_accepted": 3}}
+    out = tmp_path / "run"
+    done = CliRunner().invoke(main, ["run", "--engine", "openai", "--base-url", f"http://127.0.0.1:{server.port}/v1",
+                                     "--suite", "math", "--limit", "2", "--max-new-tokens", "6", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    records = read_records(out)
+    assert {r.spec_totals for r in records} == {("llama.cpp-timings", 6, 3, 6)} and all(not r.rounds for r in records)
+    assert read_manifest(out)["engine"]["metric_source"] == "llama.cpp-timings"
+    totals = json.loads((out / "summary.json").read_text())["server_totals"]["server"]
+    # per request: 5 tokens after the first, 3 of them accepted drafts -> 2 steps; 4 requests
+    assert totals == {"source": "llama.cpp-timings", "requests": 4, "accepted": 12, "drafted": 24, "steps": 8,
+                      "tau": 2.5, "acceptance_rate": 0.5}
 
 
 def test_failed_requests_are_recorded_and_fail_the_run(server, tmp_path):

@@ -1,24 +1,18 @@
 """``run --engine openai`` against a real vLLM OpenAI server on 127.0.0.1 (skipped, saying why, without vLLM).
 
 Two servers of the embedded target, one after the other: without speculation, and with ``ngram`` (3 draft tokens,
-``--per-request-spec-decode-metrics detailed``). Each starts on a free port, is waited for at most
-``START_TIMEOUT_S`` seconds, and is stopped by its process id when its tests are done, also when one fails. On
-each: a small open-loop run (Poisson arrivals, an SLO) through the CLI, and ``report`` on its folder.
+``--per-request-spec-decode-metrics detailed``). Each starts on a free port, is waited for a bounded time, and is
+stopped by its process id when its tests are done, also when one fails (``tests/vllm_server.py``). On each: a small
+open-loop run (Poisson arrivals, an SLO) through the CLI, and ``report`` on its folder.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from vllm_server import cli, serve
 
 from dspark_bench.engines.vllm.llm import vllm_version
 
@@ -27,67 +21,7 @@ pytestmark = [
     pytest.mark.skipif(vllm_version() is None, reason="vLLM is not installed in this venv: `make vllm-test` runs "
                                                       "these tests in .venv-vllm"),
 ]
-CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
-ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 300
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, **{k: os.environ.get(k, v) for k, v in CPU_ENV.items()}, "PYTHONPATH": str(ROOT)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _model_dir() -> str:
-    from dspark_bench.target.model import resolve_target
-
-    return resolve_target("smollm2-135m")
-
-
-def _up(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
-def serve(tmp_path: Path, speculative: str | None):
-    """Start a server; yield its base URL; stop it by its process id (its whole process group) at the end."""
-    port = _free_port()
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", _model_dir(),
-            "--served-model-name", "smol", "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
-            "--host", "127.0.0.1", "--port", str(port)]
-    if speculative:
-        args += ["--speculative-config", speculative, "--per-request-spec-decode-metrics", "detailed"]
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(args, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _up(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the vLLM server did not come up in {START_TIMEOUT_S} s (exit {proc.poll()}): "
-                            f"{(tmp_path / 'server.log').read_text()[-3000:]}")
-            time.sleep(1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dspark_bench.cli.main", *args], env=_env(), capture_output=True,
-                          text=True, cwd=ROOT, timeout=900)
 
 
 def _open_loop_run(base_url: str, out: Path, label: str) -> tuple[list, dict, dict]:

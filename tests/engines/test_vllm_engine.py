@@ -286,3 +286,45 @@ def test_a_vllm_run_that_fails_after_recording_keeps_its_records(fake_vllm_optio
         run.execute()
     assert [r.drafter for r in read_records(tmp_path / "run")] == ["none"]
     assert (tmp_path / "run" / "manifest.json").is_file()
+
+
+def test_a_vllm_run_fills_system_tokens_per_s_from_its_generate_calls(fake_vllm_options, monkeypatch, tmp_path):
+    """Output tokens over the generate calls' wall time, per drafter: in the summary by drafter and in each
+    drafter's group over all prompts (vLLM's rounds carry no timings); per-dataset groups keep None."""
+    def fake(settings, name):
+        engine = SimpleNamespace(holds_concurrency=True, counter_check=[], wall_s=0.0, output_tokens=0,
+                                 per_request=False, drafter=name, close=lambda: None)
+
+        def run(group, *a):
+            engine.wall_s += 2.0 if name == "none" else 1.0
+            engine.output_tokens += 9
+            return [record_of(req, name, 0, 1, _output([5] * 9, "length"), rounds_from_steps([], [], 9))]
+
+        engine.run = run
+        return engine
+
+    run, req = _fake_run(monkeypatch, tmp_path, fake)
+    summary = run.execute()
+    assert summary["system_tokens_per_s"] == {"none": 4.5, "ngram": 9.0}
+    rates = {(g["drafter"], g["scope"]): g["system_tokens_per_s"] for g in summary["groups"]}
+    assert rates["none", "all"] == 4.5 and rates["ngram", "all"] == 9.0
+    assert rates["none", "dataset"] is None and rates["ngram", "domain"] is None
+    import json
+
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["groups"] == summary["groups"]
+
+
+def test_cpu_workers_omp_settings_are_read_for_this_process_s_workers_only(tmp_path):
+    import os
+
+    from dspark_bench.engines.vllm.llm import worker_omp
+
+    me = os.getpid()
+    for pid, ppid, name, env in [(me, 1, "python", ""), (101, me, "VLLM::EngineCor", "OMP_NUM_THREADS=9"),
+                                 (102, 101, "VLLM::Worker", "A=1\0OMP_NUM_THREADS=2\0GOMP_CPU_AFFINITY=0 1\0"),
+                                 (103, 1, "VLLM::Worker", "OMP_NUM_THREADS=4")]:
+        (tmp_path / str(pid)).mkdir(exist_ok=True)
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({name}) S {ppid} 0 0\n")
+        (tmp_path / str(pid) / "environ").write_bytes(env.encode())
+    assert worker_omp(tmp_path) == [{"OMP_NUM_THREADS": "2", "GOMP_CPU_AFFINITY": "0 1"}]
+    assert worker_omp(tmp_path / "none") == []

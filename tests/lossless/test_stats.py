@@ -15,6 +15,7 @@ from dspark_bench.lossless.controls import Retrospective, appendix_a, resample_f
 from dspark_bench.lossless.hypothesis import (
     align,
     chi_square_gof,
+    chi_square_gof_strata,
     chi_square_homogeneity,
     holm,
     ks_uniform,
@@ -197,3 +198,32 @@ def test_markov_law_truncates_at_eos():
     probs = torch.tensor([[0.5, 0.5], [0.25, 0.75]], dtype=torch.float64)
     law = exact.markov_law(probs, 0, 3, eos_ids={1})
     assert law == pytest.approx({(1,): 0.5, (0, 1): 0.25, (0, 0, 0): 0.125, (0, 0, 1): 0.125})
+
+
+def test_ranked_pit_is_uniform_under_the_law_and_sees_unlikely_tokens_that_id_order_misses():
+    from dspark_bench.lossless.hypothesis import ks_uniform, randomized_pit, ranked_pit
+
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(400, 64, generator=gen, dtype=torch.float64) * 3
+    law = torch.softmax(logits, -1)  # [N, V], a concentrated law per row
+    exact = torch.multinomial(law, 1, generator=gen).squeeze(-1)
+    assert ks_uniform(ranked_pit(law, exact, gen))[1] > 1e-3
+    # a broken sampler: one token in four drawn uniformly over the vocabulary instead of from the law
+    junk = torch.randint(0, 64, (400,), generator=gen)
+    broken = torch.where(torch.rand(400, generator=gen) < 0.25, junk, exact)
+    _, p_ranked = ks_uniform(ranked_pit(law, broken, gen))
+    _, p_ids = ks_uniform(randomized_pit(law, broken, gen))
+    assert p_ranked < 1e-6 and p_ranked < p_ids * 1e-3
+    ties = torch.tensor([[0.25, 0.25, 0.5]], dtype=torch.float64)  # rank: token 2, then 0, then 1 (ties by id)
+    u = ranked_pit(ties.expand(3, 3), torch.tensor([2, 0, 1]), gen)
+    assert (0 <= u[0] <= 0.5) and (0.5 <= u[1] <= 0.75) and (0.75 <= u[2] <= 1.0)
+
+
+def test_strata_add_their_statistics_and_their_degrees_of_freedom():
+    a, b = ([30, 20, 50], [0.3, 0.2, 0.5]), ([10, 30, 60], [0.2, 0.3, 0.5])
+    ga, gb = chi_square_gof(*a), chi_square_gof(*b)
+    both = chi_square_gof_strata([a, b])
+    assert both.df == ga.df + gb.df == 4 and both.statistic == pytest.approx(ga.statistic + gb.statistic)
+    assert both.p_value == pytest.approx(stats.chi2.sf(both.statistic, 4))
+    assert both.groups == (*ga.groups, *(g + 3 for g in gb.groups))
+    assert chi_square_gof_strata([a, ([1, 0], [0.0, 1.0])]).p_value == 0.0  # an impossible draw in one stratum

@@ -43,18 +43,19 @@ def test_bench_reports_every_share_and_ratio():
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_gpu_engine_script_runs_on_cpu_at_tiny_settings(tmp_path):
-    """recipes/gpu_engine.sh in its CPU smoke mode: the real embedded target, the real CLI, every stage."""
+    """recipes/gpu_engine.sh's bench stage in its CPU smoke mode: the real embedded target, the real CLI, every
+    measurement (its vllm stage: tests/studies/test_bench_vllm.py, in vLLM's venv)."""
     from dspark_bench.target.model import default_cache_dir
 
     if not (default_cache_dir() / "smollm2-135m-instruct" / "model.safetensors").exists():
         pytest.skip("the embedded target's converted checkpoint is not in the cache (run any smollm2 command once)")
     env = {**os.environ, "BIN": str(Path(sys.executable).parent), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(["bash", str(ROOT / "recipes" / "gpu_engine.sh"), str(tmp_path / "out"), "smoke"],
+    done = subprocess.run(["bash", str(ROOT / "recipes" / "gpu_engine.sh"), str(tmp_path / "out"), "smoke", "bench"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     import json
 
-    result = json.loads((tmp_path / "out" / "bench.json").read_text())
+    result = json.loads((tmp_path / "out" / "bench" / "bench.json").read_text())
     assert set(result["overhead"]) == {"1", "2"} and set(result["vs_hf"]) == {"1", "2"}
     assert result["overhead"]["2"]["dspark"]["median"]["markov_head_share"] > 0
     env = result["environment"]  # the checkout and load as the measurement started, and the load as it ended

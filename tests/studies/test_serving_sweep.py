@@ -153,3 +153,15 @@ def test_the_rate_sweep_refuses_bad_load_before_the_target_loads(args, says, mon
     monkeypatch.setattr(scheduling, "_load_target", no_load)
     result = CliRunner().invoke(scheduling.sweep, ["--drafter", "ngram", "--baseline", "none", *args])
     assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+
+
+def test_the_sweep_table_names_each_cells_request_rate(capsys):
+    from dspark_bench.cli.scheduling import _print_rows
+
+    row = {"drafter": "dspark", "label": "fixed", "concurrency": 16, "aggregate_tokens_per_s": 20.0,
+           "per_request_tps": 8.0, "mean_verify_budget": 7.5, "waste": 0.9, "tau": 1.5}
+    _print_rows([{**row, "request_rate": 0.25}, {**row, "request_rate": 8.0}])
+    open_loop = capsys.readouterr().out
+    assert "req/s" in open_loop and "0.25" in open_loop and "│     8 │" in open_loop
+    _print_rows([{**row, "request_rate": None}])
+    assert "req/s" not in capsys.readouterr().out  # closed loop: the concurrency level is the cell

