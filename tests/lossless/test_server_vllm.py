@@ -7,8 +7,9 @@ settings of ``make vllm-test``; ``tests/vllm_server.py`` starts and stops them),
   law (:mod:`dspark_bench.engines.vllm.fixes`), and the ``pit-ks verified`` row is judged on them;
 * the same server started through ``python -m dspark_bench.engines.vllm.serve --fix cpu-expand`` passes.
 
-Skipped, saying why, outside the vLLM venv (``make vllm-test`` runs it there); about 6 minutes on the 2-vCPU
-machine (each server starts in about a minute, each check takes about a minute).
+Skipped, saying why, outside the vLLM venv. ``make vllm-test`` (CI) runs the ngram test, about 4 minutes on the
+2-vCPU machine (each server starts in about a minute, each check takes about a minute); ``make vllm-check`` runs
+the server without speculation too.
 """
 
 from __future__ import annotations
