@@ -30,6 +30,7 @@ def test_totals_from_each_server(stats, want):
     {"metrics": {"per_step_drafted": [3], "per_step_accepted": [1], "num_spec_steps": 1,
                  "num_accepted_draft_tokens": 1}},  # steps given: rounds_from_stats reads them, not totals
     {"meta_info": {"spec_verify_ct": "many"}},
+    {"meta_info": {"spec_verify_ct": 0, "completion_tokens": 10}},  # SGLang without speculation
 ])
 def test_no_totals_where_the_statistics_give_none_or_give_steps(stats):
     assert totals_from_stats(stats, 10) is None

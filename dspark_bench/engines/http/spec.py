@@ -82,7 +82,7 @@ def totals_from_stats(stats: Mapping[str, Any] | None, n_output: int) -> Totals 
         return None
     cap = n_output - 1
     meta = stats.get("meta_info")
-    if isinstance(meta, Mapping) and _int(meta.get("spec_verify_ct")) is not None:
+    if isinstance(meta, Mapping) and (_int(meta.get("spec_verify_ct")) or 0) > 0:  # 0: no speculation ran
         accepted = _int(meta.get("spec_accept_token_num"))
         if accepted is None:  # older SGLang: every verify step commits its accepted drafts and one token
             accepted = cap - _int(meta["spec_verify_ct"])
