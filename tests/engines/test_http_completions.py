@@ -5,10 +5,10 @@ statistics), refusing one without token ids, the request body, and the client ag
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 from aiohttp import web
+from local_http import LocalServer
 
 from dspark_bench.engines.http.client import ServerError
 from dspark_bench.engines.http.completions import (
@@ -79,24 +79,11 @@ def test_the_api_key_comes_from_the_named_variable(monkeypatch):
         api_key_headers("SMOL_KEY")
 
 
-class Server:
+class Server(LocalServer):
     """Answers seed 0 with VLLM, refuses seed 1 (HTTP 400), stalls seed 2 past the client's timeout."""
 
-    def __init__(self):
-        self.loop, self.ready = asyncio.new_event_loop(), threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_post("/v1/completions", self.complete)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.ready.set()
-        self.loop.run_forever()
+    def routes(self):
+        return [web.post("/v1/completions", self.complete)]
 
     async def complete(self, request):
         body = await request.json()
@@ -107,14 +94,7 @@ class Server:
         return web.json_response(VLLM)
 
     def __enter__(self):
-        self.thread.start()
-        self.ready.wait(10)
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        return f"http://127.0.0.1:{super().__enter__().port}/v1"
 
 
 def test_every_request_comes_back_answered_refused_or_timed_out():

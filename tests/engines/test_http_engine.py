@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 
 import pytest
 from aiohttp import web
 from click.testing import CliRunner
+from local_http import LocalServer
 
 from dspark_bench.cli.main import main
 from dspark_bench.evaluation.runs import read_manifest, read_records
@@ -18,33 +18,20 @@ from dspark_bench.evaluation.runs import read_manifest, read_records
 STEPS = {"drafted": [3, 3], "accepted": [2, 0]}  # two verify steps: 3 + 1 tokens, then the rest one by one
 
 
-class FakeServer:
+class FakeServer(LocalServer):
     """Streams 6 tokens per request in three deliveries; counts drafts in /metrics; fails prompts containing
     'FAIL' with HTTP 500."""
 
     def __init__(self):
+        super().__init__()
         self.drafts = 0
         self.stats = {"metrics": {"speculative_decoding": {"per_step_drafted": STEPS["drafted"],
                                                            "per_step_accepted": STEPS["accepted"]}}}
         self.bodies = []
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self):
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/version", self.version)
-        app.router.add_get("/metrics", self.metrics)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.ready.set()
-        self.loop.run_forever()
+    def routes(self):
+        return [web.get("/v1/models", self.models), web.get("/version", self.version),
+                web.get("/metrics", self.metrics), web.post("/v1/chat/completions", self.chat)]
 
     async def models(self, request):
         return web.json_response({"data": [{"id": "smol", "object": "model", "max_model_len": 2048}]})
@@ -78,15 +65,6 @@ class FakeServer:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    def __enter__(self):
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture
@@ -149,7 +127,8 @@ def test_failed_requests_are_recorded_and_fail_the_run(server, tmp_path):
 
 
 @pytest.mark.parametrize("args, says", [(["--model", "nope"], "serves smol"), (["--repeats", "2"], "--repeats"),
-                                        (["--drafter", "a,b"], "one label"), (["--scheduler", "threshold"], "drop --scheduler")])
+                                        (["--drafter", "a,b"], "one label"), (["--scheduler", "threshold"], "drop --scheduler"),
+                                        (["--api-key-env", "DSPARK_TEST_UNSET_KEY"], "is not set")])
 def test_what_a_server_run_cannot_do_is_refused_before_anything_is_written(server, tmp_path, args, says):
     out = tmp_path / "run"
     done = CliRunner().invoke(main, ["run", "--engine", "openai", "--base-url", f"http://127.0.0.1:{server.port}/v1",

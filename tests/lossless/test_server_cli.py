@@ -5,16 +5,15 @@ before the target loads."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import threading
 
 import pytest
 import torch
 from aiohttp import web
 from click.testing import CliRunner
 from conftest import TINY_EOS, tiny_target
+from local_http import LocalServer
 
 from dspark_bench.cli.main import main
 from dspark_bench.target.model import Target
@@ -39,29 +38,17 @@ def folder(tmp_path_factory):
     return out
 
 
-class LawServer:
+class LawServer(LocalServer):
     """vLLM's endpoints for one model: completions sampled from the tiny target's law (``tokens="text"``: tokens
     as text, as a server that ignores return_tokens_as_token_ids; without a model: two fixed tokens)."""
 
     def __init__(self, model, tokens="ids"):
+        super().__init__()
         self.model, self.tokens = model, tokens
-        self.loop, self.ready = asyncio.new_event_loop(), threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self):
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/version", self.version)
-        app.router.add_get("/metrics", self.metrics)
-        app.router.add_post("/v1/completions", self.complete)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.ready.set()
-        self.loop.run_forever()
+    def routes(self):
+        return [web.get("/v1/models", self.models), web.get("/version", self.version),
+                web.get("/metrics", self.metrics), web.post("/v1/completions", self.complete)]
 
     async def models(self, request):
         return web.json_response({"data": [{"id": "tiny", "root": "/m", "max_model_len": 1024}]})
@@ -88,14 +75,7 @@ class LawServer:
             "tokens": tokens, "token_logprobs": logprobs}}], "usage": {"completion_tokens": len(ids)}})
 
     def __enter__(self):
-        self.thread.start()
-        self.ready.wait(10)
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        return f"http://127.0.0.1:{super().__enter__().port}/v1"
 
 
 def _check(*args):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -38,7 +37,8 @@ from dspark_bench.engines.base import (
     load_facts,
     register_engine,
 )
-from dspark_bench.engines.http.client import ChatRequest, Sampling, Streamed, stream_all
+from dspark_bench.engines.http.client import ChatRequest, Sampling, ServerError, Streamed, stream_all
+from dspark_bench.engines.http.completions import api_key_headers
 from dspark_bench.engines.http.prometheus import spec_counters
 from dspark_bench.engines.http.spec import rounds_from_stats, totals_from_stats, totals_summary
 from dspark_bench.engines.vllm.llm import counter_delta
@@ -73,13 +73,10 @@ class OpenAIEngine(Engine):
         return (self.options.server_label or DEFAULT_LABEL,)
 
     def headers(self) -> dict[str, str]:
-        env = self.options.api_key_env
-        if not env:
-            return {}
-        key = os.environ.get(env)
-        if not key:
-            raise EngineError(f"--api-key-env {env}: that environment variable is not set (or empty)")
-        return {"Authorization": f"Bearer {key}"}
+        try:
+            return api_key_headers(self.options.api_key_env)
+        except ServerError as exc:
+            raise EngineError(str(exc)) from None
 
     def prepare(self, spec: RunSpec, prompts: Sequence[Prompt], folder: Path, say: Callable[[str], None]) -> RunSpec:
         base = self.options.base_url
