@@ -9,12 +9,10 @@ in all on the 2-vCPU machine); skipped, saying why, outside the vLLM venv (``mak
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from vllm_server import cli
 
 from dspark_bench.engines.vllm.fixes import probe_cpu_expand
 from dspark_bench.engines.vllm.llm import vllm_version
@@ -24,16 +22,12 @@ pytestmark = [
     pytest.mark.skipif(vllm_version() is None, reason="vLLM is not installed in this venv: `make vllm-ci` runs "
                                                       "this test in .venv-vllm"),
 ]
-CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
-ROOT = Path(__file__).resolve().parents[2]
 SPECULATIVE = ("ngram", "eagle3")
 
 
 def check(out: Path, *extra: str) -> tuple[int, dict]:
-    env = {**os.environ, **{k: os.environ.get(k, v) for k, v in CPU_ENV.items()}, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "dspark_bench.cli.main", "check-lossless", "--engine", "vllm",
-                           "--mode", "fast", "--drafter", ",".join(("none", *SPECULATIVE)), "--out", str(out), *extra],
-                          env=env, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    done = cli("check-lossless", "--engine", "vllm", "--mode", "fast", "--drafter", ",".join(("none", *SPECULATIVE)),
+               "--out", str(out), *extra, timeout_s=1800)
     assert (out / "lossless.json").exists(), done.stderr[-4000:]
     return done.returncode, json.loads((out / "lossless.json").read_text())
 
