@@ -23,7 +23,7 @@ lint: setup
 	$(BIN)/ruff check dspark_bench tests
 
 test: setup lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 bench: setup
 	$(BIN)/dspark-bench bench --out results/bench-$$(date +%Y%m%d-%H%M%S)
@@ -103,7 +103,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 # not here, for CI's 45 minutes (the ngram server, as shipped and fixed, runs here).
 SERVER_NONE = tests/lossless/test_server_vllm.py::test_a_server_without_speculation_passes
 vllm-test: vllm-setup
-	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/engines/test_vllm_engine.py tests/engines/test_vllm_export.py tests/studies/test_engine_compare.py \
+	$(VLLM_ENV) $(VBIN)/pytest -q -rs --durations=0 tests/engines/test_vllm_engine.py tests/engines/test_vllm_export.py tests/studies/test_engine_compare.py \
 		tests/engines/test_vllm_integration.py tests/engines/test_ray_run.py tests/engines/test_http_vllm_server.py \
 		tests/lossless/test_server_vllm.py tests/studies/test_bench_vllm.py --deselect $(SERVER_NONE)
 
@@ -124,7 +124,7 @@ vllm-check: vllm-test
 # verification (dspark_bench/engines/vllm/fixes.py, "cpu-expand"): as shipped the check must fail every speculative
 # configuration, with --engine-opt fix=cpu-expand pass them all (tests/lossless/test_vllm_power.py runs both).
 vllm-ci: vllm-test
-	$(VLLM_ENV) $(VBIN)/pytest -q -rs tests/lossless/test_vllm_power.py
+	$(VLLM_ENV) $(VBIN)/pytest -q -rs --durations=0 tests/lossless/test_vllm_power.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -95,9 +95,12 @@ def serving_options(fn):
 @click.option("--seed", default=980406, show_default=True, type=int,
               help="Base seed; the request of a dataset's i-th prompt uses seed + i.")
 @DTYPE_OPTION
-@click.option("--target-path", default="auto", show_default=True, type=click.Choice(["auto", "fast", "hf"]),
-              help="Our engine's target forward: fast (lean Llama forward, target/fast.py), hf (transformers' own), "
-                   "auto (fast where the architecture is supported, else hf). The manifest records the one that ran.")
+@click.option("--target-path", default="auto", show_default=True,
+              type=click.Choice(["auto", "fast", "fast-unpacked", "hf"]),
+              help="Our engine's target forward: fast (lean Llama forward, target/fast.py, weights also packed for "
+                   "oneDNN on a CPU), fast-unpacked (the same without the packed copy of the weights), hf "
+                   "(transformers' own), auto (fast where the architecture is supported, else hf). The manifest "
+                   "records the one that ran.")
 @click.option("--repeats", default=1, show_default=True, type=int, help="Timing repeats (same seeds); medians reported.")
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Requests decoded together.")
 @click.option("--out", default=None, help="Run folder. Default: results/<time>-<target>.")

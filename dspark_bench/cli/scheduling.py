@@ -13,6 +13,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -204,13 +205,26 @@ def _print_profile(result) -> None:
               help="With --request-rate: at most this many requests in flight (default: no cap).")
 @click.option("--slo", default=None, help="With --request-rate: latency SLOs in ms, e.g. tpot=400 (goodput; the "
                                           "sustained rate reads tpot at p90).")
+@click.option("--server", "servers", multiple=True,
+              help="LABEL=URL of an OpenAI-compatible server (repeatable): sweep the servers instead of our engine, "
+                   "each server one method, e.g. --server none=http://127.0.0.1:8000/v1 --server "
+                   "ngram=http://127.0.0.1:8001/v1; needs --request-rate; --baseline names the server the others "
+                   "are compared with (default: none).")
+@click.option("--model", "served_model", default=None,
+              help="With --server: the served model name (default: each server's first model).")
+@click.option("--api-key-env", default=None,
+              help="With --server: the environment variable holding an API key (never written down).")
+@click.option("--request-timeout", default=600.0, show_default=True, type=float,
+              help="With --server: seconds before a request is recorded as failed.")
 @_threads_opt
 @_friendly
 def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_opt, concurrency, fixed_lengths,
           threshold_sweep, thetas, baseline, suite, limit, max_new_tokens, temperature, top_p, top_k, min_p, block_size,
-          seed, repeats, profile_path, out, request_rates, burstiness, max_concurrency, slo, threads):
+          seed, repeats, profile_path, out, request_rates, burstiness, max_concurrency, slo, servers, served_model,
+          api_key_env, request_timeout, threads):
     """Concurrency x scheduler sweep through the engine (same prompts and seeds in every cell); with
-    --request-rate, a request-rate x scheduler sweep under open-loop load."""
+    --request-rate, a request-rate x scheduler sweep under open-loop load; with --server, a request-rate sweep of
+    OpenAI-compatible servers, each server one method."""
     from dspark_bench.evaluation.suites import load_suite
     from dspark_bench.scheduling.profile import save_profile
     from dspark_bench.scheduling.schedulers import parse_scheduler, scheduler_class, split_schedulers
@@ -219,7 +233,15 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
     _threads(threads)
     check_sampling(temperature, top_p, top_k, min_p)
     dtype = _resolve_dtype(dtype)
-    load = _rate_levels(click.get_current_context(), request_rates, burstiness, max_concurrency, slo)
+    ctx = click.get_current_context()
+    load = _rate_levels(ctx, request_rates, burstiness, max_concurrency, slo)
+    if servers:
+        return _server_sweep(ctx, servers, served_model, api_key_env, request_timeout, target, dtype, baseline,
+                             suite, limit, max_new_tokens, temperature, top_p, top_k, min_p, seed, out, load)
+    for name in ("served_model", "api_key_env", "request_timeout"):
+        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            raise click.BadParameter(f"--{name.replace('served_', '').replace('_', '-')} is for a server sweep: "
+                                     "give --server LABEL=URL too")
     schedulers = split_schedulers(scheduler_list)
     for item in schedulers:
         scheduler_class(parse_scheduler(item)[0])
@@ -250,11 +272,57 @@ def sweep(target, dtype, drafter_list, drafter_opt, scheduler_list, scheduler_op
     stdout.print(f"written to {folder / 'sweep.json'}")
 
 
+# What a server sweep does not take: the server decides how it drafts and verifies, and each request goes once.
+_ENGINE_ONLY = ("drafter_list", "drafter_opt", "scheduler_list", "scheduler_opt", "fixed_lengths", "threshold_sweep",
+                "thetas", "profile_path", "repeats", "block_size", "threads")
+
+
+def _server_sweep(ctx: click.Context, servers, served_model, api_key_env, request_timeout, target, dtype, baseline,
+                  suite, limit, max_new_tokens, temperature, top_p, top_k, min_p, seed, out, load) -> None:
+    """sweep --server: the request-rate sweep of OpenAI-compatible servers (studies/server_sweep.py)."""
+    from dspark_bench.cli.run import check_out_folder
+    from dspark_bench.engines.base import EngineOptions
+    from dspark_bench.evaluation.suites import load_suite
+    from dspark_bench.studies.server_sweep import parse_servers, run_server_sweep
+    from dspark_bench.studies.sweep import SweepSpec
+
+    given = [name for name in _ENGINE_ONLY if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+    if given:
+        flag = {p.name: p.opts[0] for p in ctx.command.params}
+        flags = ", ".join(flag[name] for name in given)
+        raise click.BadParameter(f"{flags}: our engine's settings; with --server each server drafts and verifies as "
+                                 "it was started (drop them, or drop --server)")
+    if not load:
+        raise click.BadParameter("--server sweeps request rates: give --request-rate, e.g. 0.25,0.5,1,2")
+    try:
+        parsed = parse_servers(servers)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    chosen = baseline if ctx.get_parameter_source("baseline") == ParameterSource.COMMANDLINE else "none"
+    if chosen not in {s.label for s in parsed}:
+        raise click.BadParameter(f"--baseline {chosen!r} is not a --server label ({', '.join(s.label for s in parsed)}):"
+                                 " label the server without speculation none, or name the baseline server")
+    spec = SweepSpec(target=target, drafters=(), schedulers=(), baselines=(), suite=suite, limit=_parse_limit(limit),
+                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                     seed=seed, dtype=dtype, **load)
+    folder = Path(out or f"results/sweep-servers-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_out_folder(folder)
+    prompts = load_suite(suite, spec.limit, seed)
+    options = EngineOptions(model=served_model, api_key_env=api_key_env, request_timeout_s=request_timeout)
+    result = run_server_sweep(spec, parsed, options, prompts, folder, chosen, on_cell=_print_server_cell,
+                              say=console.print)
+    _print_serving(result["rows"], result["serving"])
+    stdout.print(f"written to {folder / 'sweep.json'}")
+
+
+def _print_server_cell(row: dict) -> None:
+    console.print(f"{row['drafter']} at {row['request_rate']:g} req/s: {_f(row['output_throughput'])} tok/s, "
+                  f"p90 TPOT {_f(row['p90_tpot_ms'], '.0f')} ms, tau {_f(row['tau'])}, {row['n_errors']} failed")
+
+
 def _rate_levels(ctx: click.Context, rates: str | None, burstiness: float, max_concurrency: int | None,
                  slo: str | None) -> dict:
     """The SweepSpec fields of a request-rate sweep (nothing for a concurrency sweep)."""
-    from click.core import ParameterSource
-
     from dspark_bench.core.arrivals import parse_rate
     from dspark_bench.evaluation.serving import parse_slo
 

@@ -1,9 +1,10 @@
-"""The target's two forward paths (``fast`` and ``hf``, :mod:`dspark_bench.target.fast`) against each other.
+"""The target's ``fast`` forward path (:mod:`dspark_bench.target.fast`) against another: ``hf`` (transformers' own)
+or ``fast-unpacked`` (the fast path without the weights packed for oneDNN: what the packing alone is worth).
 
 Both paths run in one process on one set of weights (the fast path's fused matrices; the HF modules read views
-of them), and every measurement alternates them (fast, hf, fast, hf, ...), so that whatever else loads the machine
-loads both alike: on a shared machine only the ratios fast / hf mean anything, and they are medians of per-pair
-ratios. Two measurements:
+of them), and every measurement alternates them (fast, other, fast, other, ...), so that whatever else loads the
+machine loads both alike: on a shared machine only the ratios fast / other mean anything, and they are medians of
+per-pair ratios. Two measurements:
 
 1. **step** (:func:`step_ratio`): one target forward of R rows x L tokens over a cache of ``context`` columns (L =
    1: a decode step; L = k + 1: a verify block), then the block is rolled back (kept 0, cropped), so every timed
@@ -30,35 +31,41 @@ from dspark_bench.target.model import Target
 
 @dataclass(frozen=True)
 class Paired:
-    """Per-pair seconds of the two paths; ``ratio`` = median over pairs of fast / hf (< 1: fast is faster)."""
+    """Per-pair seconds of the two paths; ``ratio`` = median over pairs of fast / other (< 1: fast is faster)."""
 
     fast_s: tuple[float, ...]
-    hf_s: tuple[float, ...]
+    other_s: tuple[float, ...]
 
     @property
     def ratio(self) -> float:
-        return statistics.median(f / h for f, h in zip(self.fast_s, self.hf_s, strict=True))
+        return statistics.median(f / h for f, h in zip(self.fast_s, self.other_s, strict=True))
 
     def summary(self) -> dict:
-        return {"fast_median_ms": 1e3 * statistics.median(self.fast_s), "hf_median_ms": 1e3 * statistics.median(self.hf_s),
-                "ratio_fast_over_hf": self.ratio, "pairs": len(self.fast_s)}
+        return {"fast_median_ms": 1e3 * statistics.median(self.fast_s),
+                "other_median_ms": 1e3 * statistics.median(self.other_s), "ratio_fast_over_other": self.ratio,
+                "pairs": len(self.fast_s)}
 
 
-def paths(target: Target) -> tuple[Target, Target]:
-    """The fast and the HF path over ``target``'s model (one copy of the weights)."""
+AGAINST = ("hf", "fast-unpacked")  # what the fast path can be measured against
+
+
+def paths(target: Target, against: str = "hf") -> tuple[Target, Target]:
+    """The fast path and ``against`` (:data:`AGAINST`) over ``target``'s model (one copy of the weights)."""
+    if against not in AGAINST:
+        raise ValueError(f"unknown path {against!r} to measure the fast path against; accepted: {', '.join(AGAINST)}")
     fast = target if target.forward_path == "fast" else Target(target.model, target.tokenizer, target.name, "fast")
-    return fast, Target(fast.model, fast.tokenizer, fast.name, "hf")
+    return fast, Target(fast.model, fast.tokenizer, fast.name, against)
 
 
-def alternate(fast: Callable[[], float], hf: Callable[[], float], pairs: int, warmup: int = 2) -> Paired:
-    """Call fast, hf, fast, hf, ... (``warmup`` untimed pairs first); each call returns its own seconds."""
+def alternate(fast: Callable[[], float], other: Callable[[], float], pairs: int, warmup: int = 2) -> Paired:
+    """Call fast, other, fast, other, ... (``warmup`` untimed pairs first); each call returns its own seconds."""
     for _ in range(warmup):
-        fast(), hf()
-    timed = [(fast(), hf()) for _ in range(pairs)]
+        fast(), other()
+    timed = [(fast(), other()) for _ in range(pairs)]
     return Paired(tuple(t[0] for t in timed), tuple(t[1] for t in timed))
 
 
-def step_ratio(fast: Target, hf: Target, rows: int, width: int, context: int, pairs: int = 30,
+def step_ratio(fast: Target, other: Target, rows: int, width: int, context: int, pairs: int = 30,
                seed: int = 0) -> Paired:
     """Seconds of one forward of ``rows`` x ``width`` new tokens over ``context`` cached columns, per path."""
     gen = torch.Generator().manual_seed(seed)
@@ -77,15 +84,15 @@ def step_ratio(fast: Target, hf: Target, rows: int, width: int, context: int, pa
 
         return step
 
-    return alternate(stepper(fast), stepper(hf), pairs)
+    return alternate(stepper(fast), stepper(other), pairs)
 
 
-def generate_ratio(fast: Target, hf: Target, requests: Sequence[Request], concurrency: int, max_new_tokens: int = 64,
+def generate_ratio(fast: Target, other: Target, requests: Sequence[Request], concurrency: int, max_new_tokens: int = 64,
                    pairs: int = 3) -> tuple[Paired, bool]:
     """Wall seconds of ``none`` decoding ``requests`` greedily at ``concurrency``, per path, and whether every
     request got the same tokens on both paths."""
     config = EngineConfig(max_new_tokens=max_new_tokens, temperature=0.0, concurrency=concurrency)
-    outputs: dict[str, dict[int, tuple[int, ...]]] = {"fast": {}, "hf": {}}
+    outputs: dict[str, dict[int, tuple[int, ...]]] = {"fast": {}, "other": {}}
 
     def runner(name: str, target: Target) -> Callable[[], float]:
         loop = RoundLoop(target, drafter_registry.create("none", target), config)
@@ -97,8 +104,8 @@ def generate_ratio(fast: Target, hf: Target, requests: Sequence[Request], concur
 
         return run
 
-    timed = alternate(runner("fast", fast), runner("hf", hf), pairs, warmup=1)
-    return timed, outputs["fast"] == outputs["hf"]
+    timed = alternate(runner("fast", fast), runner("other", other), pairs, warmup=1)
+    return timed, outputs["fast"] == outputs["other"]
 
 
 @dataclass(frozen=True)
@@ -122,21 +129,22 @@ class ForwardSpec:
 
 
 def measure(target: Target, requests: Sequence[Request], spec: ForwardSpec,
-            log: Callable[[str], None] = lambda line: None) -> dict:
-    """Every step shape and generation of ``spec``, fast against hf (module docstring): a dict for JSON."""
-    fast, hf = paths(target)
+            log: Callable[[str], None] = lambda line: None, against: str = "hf") -> dict:
+    """Every step shape and generation of ``spec``, fast against ``against`` (module docstring): a dict for JSON."""
+    fast, other = paths(target, against)
     steps = []
     for rows in spec.rows:
         for width in spec.widths:
             row = {"rows": rows, "width": width, "context": spec.context,
-                   **step_ratio(fast, hf, rows, width, spec.context, spec.step_pairs).summary()}
-            log(f"step R={rows} L={width}: fast/hf {row['ratio_fast_over_hf']:.3f}")
+                   **step_ratio(fast, other, rows, width, spec.context, spec.step_pairs).summary()}
+            log(f"step R={rows} L={width}: fast/{against} {row['ratio_fast_over_other']:.3f}")
             steps.append(row)
     generations = []
     for c in spec.concurrency:
-        timed, same = generate_ratio(fast, hf, requests, c, spec.max_new_tokens, spec.generate_pairs)
+        timed, same = generate_ratio(fast, other, requests, c, spec.max_new_tokens, spec.generate_pairs)
         row = {"concurrency": c, "requests": len(requests), "max_new_tokens": spec.max_new_tokens,
                **timed.summary(), "same_tokens": same}
-        log(f"generate c={c}: fast/hf {row['ratio_fast_over_hf']:.3f} (same tokens: {same})")
+        log(f"generate c={c}: fast/{against} {row['ratio_fast_over_other']:.3f} (same tokens: {same})")
         generations.append(row)
-    return {"steps": steps, "generate": generations}
+    return {"against": against, "linear_kernel": {"fast": fast.linear_kernel, "other": other.linear_kernel},
+            "steps": steps, "generate": generations}

@@ -89,11 +89,13 @@ def serving_row(records: Sequence[RequestRecord], slo: dict[str, float]) -> dict
     return {k: block.get(k) for k in serving_sweep.SERVING_ROW}
 
 
-def serving_block(rows: Sequence[dict], slo: dict[str, float]) -> dict[str, Any]:
-    """``sweep.json``'s ``serving``: every method against ``none`` (:mod:`dspark_bench.studies.serving_sweep`)."""
+def serving_block(rows: Sequence[dict], slo: dict[str, float],
+                  baseline: str = serving_sweep.BASELINE) -> dict[str, Any]:
+    """``sweep.json``'s ``serving``: every method against ``baseline`` (``none`` under ``fixed``; a server sweep's
+    server without speculation) (:mod:`dspark_bench.studies.serving_sweep`)."""
     tpot = slo.get("tpot")
-    found = serving_sweep.compare(serving_sweep.points_from_rows(rows), tpot)
-    return {"baseline": serving_sweep.BASELINE, "tpot_slo_ms": tpot, "slo_ms": dict(slo),
+    found = serving_sweep.compare(serving_sweep.points_from_rows(rows), tpot, baseline)
+    return {"baseline": baseline, "tpot_slo_ms": tpot, "slo_ms": dict(slo),
             "methods": [dataclasses.asdict(c) for c in found]}
 
 

@@ -13,7 +13,12 @@ This module runs the same math as transformers' Llama with fewer and larger kern
   (none where none is needed); in decode steps and verify blocks the query heads that share a KV head are packed
   into one head of ``G * L`` rows (no repeated K/V, see :func:`attention`);
 - a cache (:class:`KVCache`) that appends in place into spare columns instead of concatenating every layer every
-  step.
+  step;
+- on the CPU, every projection and the LM head also held in oneDNN's packed layout (:class:`Linear`), read by the
+  matmuls of at least :data:`PACK_MIN_ROWS` rows: torch's ``F.linear`` repacks the weight at every call, which at
+  4-48 rows costs more than the product (2-2.5x the time of a whole forward at 8 and 32 rows, fp32, measured on a
+  2-vCPU Xeon); below that, ``F.linear``'s matrix-vector path is the faster one and runs. The packed copy is one
+  more copy of the weights in memory.
 
 transformers stays the loader and the reference: tests hold this path's logits, taps and greedy tokens to the HF
 path's in fp32. :func:`arch_of` says which configs it runs; anything else runs on the HF path.
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+PACK_MIN_ROWS = 4  # matmuls of at least this many rows read the packed weight (Linear); fewer run F.linear
 PACK_ROWS = 16  # blocks of at most this many queries pack their query heads (attention()); longer ones, prefills, do not
 HEADROOM = 64  # spare columns a new cache buffer gets beyond what it must hold (a copy every 64 decode steps)
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # static inverse frequencies: a table holds them
@@ -58,20 +64,48 @@ def arch_of(config) -> Arch | None:
     return Arch("llama")
 
 
+def onednn_packs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :class:`Linear` packs weights of this dtype on this device: the CPU with oneDNN, fp32 or bf16 (oneDNN
+    takes fp16 only on CPUs with native fp16), and a trial product that runs (it refuses bf16 on some CPUs)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        probe = torch.ones(8, 8, dtype=dtype)
+        torch.ops.mkldnn._linear_pointwise(probe, torch.ops.mkldnn._reorder_linear_weight(probe, None), None,
+                                           "none", [], "")
+    except RuntimeError:
+        return False
+    return True
+
+
+class Linear:
+    """``x W^T + b`` for a weight [out, in] held twice: as it is (the model's parameter, which the HF modules and the
+    drafters keep reading) and, where ``packed``, in oneDNN's blocked layout for any number of rows, made once.
+    A product of at least :data:`PACK_MIN_ROWS` rows reads the packed copy; fewer rows run ``F.linear`` (the module
+    docstring says why), and so does a product that autograd records (a drafter's training reads the target's head:
+    oneDNN's packed product has no backward). Both compute the same product; their roundings differ, within the
+    dtype's."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool):
+        self.weight, self.bias = weight, bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if packed else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None or x.numel() < PACK_MIN_ROWS * x.shape[-1] or (x.requires_grad and torch.is_grad_enabled()):
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
 @dataclass(frozen=True)
 class Layer:
     """One decoder layer's weights, fused. Shapes with d = hidden, D = head_dim, I = intermediate."""
 
     attn_norm: torch.Tensor  # [d]
-    wqkv: torch.Tensor  # [(Hq + 2 Hkv) D, d]
-    bqkv: torch.Tensor | None  # [(Hq + 2 Hkv) D]
-    wo: torch.Tensor  # [d, Hq D]
-    bo: torch.Tensor | None  # [d]
+    qkv: Linear  # [(Hq + 2 Hkv) D, d]
+    o: Linear  # [d, Hq D]
     mlp_norm: torch.Tensor  # [d]
-    w13: torch.Tensor  # [2 I, d]: gate rows, then up rows
-    b13: torch.Tensor | None  # [2 I]
-    w2: torch.Tensor  # [d, I]
-    b2: torch.Tensor | None  # [d]
+    gate_up: Linear  # [2 I, d]: gate rows, then up rows
+    down: Linear  # [d, I]
 
 
 class LayerKV:
@@ -157,8 +191,9 @@ def _share(linears, fused: torch.Tensor | None, name: str) -> None:
         start += n
 
 
-def fused_layer(layer) -> Layer:
-    """A :class:`Layer` from a transformers Llama decoder layer (whose projections then view it)."""
+def fused_layer(layer, packed: bool) -> Layer:
+    """A :class:`Layer` from a transformers Llama decoder layer (whose projections then view it); ``packed``: its
+    projections also held packed (:class:`Linear`)."""
     attn, mlp = layer.self_attn, layer.mlp
     qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
     wqkv, bqkv = fuse(*(m.weight for m in qkv)), fuse(*(m.bias for m in qkv))
@@ -166,8 +201,9 @@ def fused_layer(layer) -> Layer:
     for linears, w, b in ((qkv, wqkv, bqkv), (gate_up, w13, b13)):
         _share(linears, w, "weight")
         _share(linears, b, "bias")
-    return Layer(layer.input_layernorm.weight, wqkv, bqkv, attn.o_proj.weight, attn.o_proj.bias,
-                 layer.post_attention_layernorm.weight, w13, b13, mlp.down_proj.weight, mlp.down_proj.bias)
+    return Layer(layer.input_layernorm.weight, Linear(wqkv, bqkv, packed),
+                 Linear(attn.o_proj.weight, attn.o_proj.bias, packed), layer.post_attention_layernorm.weight,
+                 Linear(w13, b13, packed), Linear(mlp.down_proj.weight, mlp.down_proj.bias, packed))
 
 
 def rope_table(model, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,9 +266,11 @@ def packed_bias(bias: torch.Tensor | None, groups: int) -> torch.Tensor | None:
 
 
 class FastForward:
-    """The decoder stack of a transformers Llama model, run lean (module docstring). The LM head stays Target's."""
+    """The decoder stack of a transformers Llama model, run lean (module docstring), and its LM head (``head``,
+    which Target's ``lm_head`` calls). ``pack``: hold the weights packed too where oneDNN takes them (:class:`Linear`);
+    ``linear``: how the projections multiply (``onednn-packed`` or ``torch``), for the manifest."""
 
-    def __init__(self, model, arch: Arch):
+    def __init__(self, model, arch: Arch, pack: bool = True):
         config = model.config
         self.arch = arch
         self.heads, self.kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
@@ -241,7 +279,11 @@ class FastForward:
         self.eps = float(config.rms_norm_eps)
         self.embed = model.model.embed_tokens.weight  # [V, d]
         self.final_norm = model.model.norm.weight  # [d]
-        self.layers = [fused_layer(layer) for layer in model.model.layers]
+        packed = pack and onednn_packs(self.embed.dtype, self.embed.device)
+        self.linear = "onednn-packed" if packed else "torch"
+        self.layers = [fused_layer(layer, packed) for layer in model.model.layers]
+        head = model.get_output_embeddings()
+        self.head = Linear(head.weight, head.bias, packed)
         self.cos, self.sin = rope_table(model, int(config.max_position_embeddings))  # [P, D] each
 
     def new_cache(self) -> KVCache:
@@ -279,9 +321,9 @@ class FastForward:
         """One decoder layer: x [R, L, d] -> [R, L, d]."""
         r, n, _ = x.shape
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(rms_norm(x, w.attn_norm, self.eps), w.wqkv, w.bqkv).view(r, n, hq + 2 * hkv, d)
+        qkv = w.qkv(rms_norm(x, w.attn_norm, self.eps)).view(r, n, hq + 2 * hkv, d)
         qk = rope(qkv[:, :, : hq + hkv], cos, sin)  # [R, L, Hq + Hkv, D]
         k, v = kv.append(qk[:, :, hq:].transpose(1, 2), qkv[:, :, hq + hkv :].transpose(1, 2))  # [R, Hkv, S, D]
-        x = x + F.linear(attention(qk[:, :, :hq], k, v, attend, self.scale), w.wo, w.bo)
-        gate, up = F.linear(rms_norm(x, w.mlp_norm, self.eps), w.w13, w.b13).chunk(2, dim=-1)  # [R, L, I] each
-        return x + F.linear(F.silu(gate) * up, w.w2, w.b2)
+        x = x + w.o(attention(qk[:, :, :hq], k, v, attend, self.scale))
+        gate, up = w.gate_up(rms_norm(x, w.mlp_norm, self.eps)).chunk(2, dim=-1)  # [R, L, I] each
+        return x + w.down(F.silu(gate) * up)

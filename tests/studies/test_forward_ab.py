@@ -1,4 +1,5 @@
-"""The fast-vs-hf forward measurement (studies/forward_ab.py): alternation, ratios, and a tiny end-to-end run."""
+"""The fast-vs-other forward measurement (studies/forward_ab.py): alternation, ratios, and tiny end-to-end runs
+against the HF path and against the fast path without packed weights."""
 
 from __future__ import annotations
 
@@ -25,15 +26,29 @@ def test_calls_alternate_and_the_ratio_is_the_median_of_per_pair_ratios():
     assert timed.summary()["pairs"] == 3
 
 
-def test_measure_on_a_tiny_target_reports_every_shape_and_same_tokens():
+@pytest.mark.parametrize(("against", "kernels"), [("hf", ("onednn-packed", "hf")),
+                                                  ("fast-unpacked", ("onednn-packed", "torch"))])
+def test_measure_on_a_tiny_target_reports_every_shape_and_same_tokens(against, kernels):
+    from dspark_bench.target.fast import onednn_packs
+
     target = tiny_target("llama")
     requests = [Request(i, tuple(p), 100 + i) for i, p in enumerate(random_prompts(3, seed=2))]
     spec = ForwardSpec(rows=(1, 2), widths=(1, 4), context=12, step_pairs=2, concurrency=(2,), max_new_tokens=6,
                        generate_pairs=1)
-    result = measure(target, requests, spec)
+    result = measure(target, requests, spec, against=against)
     assert [(s["rows"], s["width"]) for s in result["steps"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
-    assert all(s["ratio_fast_over_hf"] > 0 and s["pairs"] == 2 for s in result["steps"])
+    assert all(s["ratio_fast_over_other"] > 0 and s["pairs"] == 2 for s in result["steps"])
     assert result["generate"][0]["same_tokens"] is True and result["generate"][0]["requests"] == 3
+    assert result["against"] == against
+    if onednn_packs(target.dtype, target.device):
+        assert (result["linear_kernel"]["fast"], result["linear_kernel"]["other"]) == kernels
+
+
+def test_an_unknown_path_to_measure_against_is_refused():
+    from dspark_bench.studies.forward_ab import paths
+
+    with pytest.raises(ValueError, match="accepted: hf, fast-unpacked"):
+        paths(tiny_target("llama"), "turbo")
 
 
 def test_spec_refuses_empty_or_non_positive_settings():

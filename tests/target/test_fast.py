@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import random_prompts
 
 from dspark_bench import drafters
 from dspark_bench.engines.native.loop import EngineConfig, Request, RoundLoop
-from dspark_bench.target.fast import KVCache, arch_of
+from dspark_bench.target.fast import PACK_MIN_ROWS, KVCache, Linear, arch_of, onednn_packs
 from dspark_bench.target.model import Target, TargetError, resolve_forward_path
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -163,9 +164,12 @@ def test_forward_path_choice():
     assert arch_of(MistralConfig()) is None
     with pytest.raises(TargetError, match="'fast' runs Llama"):
         resolve_forward_path("fast", Qwen3Config())
-    with pytest.raises(TargetError, match="accepted: auto, fast, hf"):
+    with pytest.raises(TargetError, match="'fast-unpacked' runs Llama"):
+        resolve_forward_path("fast-unpacked", Qwen3Config())
+    assert resolve_forward_path("fast-unpacked", LlamaConfig()) == "fast-unpacked"
+    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, hf"):
         resolve_forward_path("turbo", LlamaConfig())
-    with pytest.raises(TargetError, match="accepted: auto, fast, hf"):
+    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, hf"):
         Target.load("no-such-target", dtype="fp32", forward_path="turbo")  # refused before any loading
 
 
@@ -212,4 +216,40 @@ def test_manifest_records_the_forward_path_that_ran(tmp_path, monkeypatch, arch,
     prompts = [Prompt("ds", "custom", "p0", 0, "prompt xyz")]
     Run(RunSpec(target="tiny", drafters=("none",), max_new_tokens=4, warmup=False), target, prompts,
         tmp_path / "run").execute()
-    assert read_manifest(tmp_path / "run")["target"]["forward_path"] == path
+    recorded = read_manifest(tmp_path / "run")["target"]
+    assert recorded["forward_path"] == path
+    assert recorded["linear_kernel"] == {"fast": "onednn-packed", "hf": "hf"}[path]
+
+
+@pytest.mark.skipif(not onednn_packs(torch.float32, torch.device("cpu")), reason="this torch has no oneDNN")
+def test_products_of_four_rows_or_more_read_the_packed_weight():
+    """Routing: a product of PACK_MIN_ROWS rows or more reads the packed copy, fewer rows the weight as it is (a
+    packed copy of another weight shows which one ran); both give the product to fp32's rounding, in any leading
+    shape; a product autograd records takes F.linear (the packed product has no backward)."""
+    torch.manual_seed(0)
+    weight, other, bias = torch.randn(48, 32), torch.randn(48, 32), torch.randn(48)
+    linear = Linear(weight, bias, packed=True)
+    for shape in ((1, 32), (2, 1, 32), (PACK_MIN_ROWS, 32), (2, 5, 32), (3, 16, 32)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(linear(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    swapped = Linear(weight, bias, packed=True)
+    swapped.packed = Linear(other, None, packed=True).packed
+    few, many = torch.randn(PACK_MIN_ROWS - 1, 32), torch.randn(1, PACK_MIN_ROWS, 32)
+    assert torch.equal(swapped(few), F.linear(few, weight, bias))
+    torch.testing.assert_close(swapped(many), F.linear(many, other, bias), rtol=1e-5, atol=1e-5)
+    trained = torch.randn(8, 32, requires_grad=True)
+    swapped(trained).sum().backward()  # F.linear with the real weight: the packed copy of `other` is not read
+    torch.testing.assert_close(trained.grad, weight.sum(0).expand(8, 32))
+    assert Linear(weight, bias, packed=False).packed is None
+
+
+def test_packing_is_for_the_cpu_in_fp32_and_bf16():
+    assert not onednn_packs(torch.float16, torch.device("cpu"))
+    assert not onednn_packs(torch.float32, torch.device("meta"))
+    fast, hf = _pair(_llama(seed=6))
+    expected = "onednn-packed" if onednn_packs(torch.float32, torch.device("cpu")) else "torch"
+    assert (fast.linear_kernel, hf.linear_kernel) == (expected, "hf")
+    assert Target(fast.model, None, "tiny-llama", forward_path="fast-unpacked").linear_kernel == "torch"
+    if onednn_packs(torch.bfloat16, torch.device("cpu")):  # oneDNN takes bf16 on this CPU: the same product
+        weight, x = torch.randn(48, 32).bfloat16(), torch.randn(3, 8, 32).bfloat16()
+        torch.testing.assert_close(Linear(weight, None, packed=True)(x), F.linear(x, weight), rtol=2e-2, atol=2e-2)
