@@ -16,9 +16,9 @@ This module runs the same math as transformers' Llama with fewer and larger kern
   step;
 - on the CPU, every projection and the LM head also held in oneDNN's packed layout (:class:`Linear`), read by the
   matmuls of at least :data:`PACK_MIN_ROWS` rows: torch's ``F.linear`` repacks the weight at every call, which at
-  4-48 rows costs more than the product (2-2.5x the time of a whole forward at 8 and 32 rows, fp32, measured on a
-  2-vCPU Xeon); below that, ``F.linear``'s matrix-vector path is the faster one and runs. The packed copy is one
-  more copy of the weights in memory.
+  4-48 rows costs more than the product (a forward's matmuls took 2-2.5x as long through ``F.linear`` as packed at
+  8 and 32 rows, fp32, on a 2-vCPU Xeon; whole decode steps 1.5-1.6x); below that, ``F.linear``'s matrix-vector
+  path is the faster one and runs. The packed copy is one more copy of the weights in memory.
 
 transformers stays the loader and the reference: tests hold this path's logits, taps and greedy tokens to the HF
 path's in fp32. :func:`arch_of` says which configs it runs; anything else runs on the HF path.
