@@ -35,9 +35,20 @@ def _open_loop_run(base_url: str, out: Path, label: str) -> tuple[list, dict, di
     return read_records(out), read_manifest(out), summary
 
 
+def _eos_id() -> int:
+    """The embedded target's end-of-sequence token (its config's; the server stops there)."""
+    from vllm_server import model_dir
+
+    return int(json.loads((Path(model_dir()) / "config.json").read_text())["eos_token_id"])
+
+
 def _check_common(records, manifest, summary, out: Path) -> None:
     assert len(records) == 3 and all(r.ok for r in records)
-    assert all(len(r.output_ids) == 24 and r.prompt_len > 0 and r.e2el_s >= r.ttft_s for r in records)
+    # 24 tokens, or fewer ending at EOS: at T = 1 a request may sample EOS early, as this CPU's kernels decide
+    assert all(len(r.output_ids) == 24 or (0 < len(r.output_ids) < 24 and r.output_ids[-1] == _eos_id())
+               for r in records)
+    assert sum(len(r.output_ids) for r in records) > 36
+    assert all(r.prompt_len > 0 and r.e2el_s >= r.ttft_s for r in records)
     assert manifest["engine"]["version"] == vllm_version() and manifest["engine"]["model"] == "smol"
     assert manifest["engine"]["arrivals"]["process"] == "poisson"
     (serving,) = summary["serving"].values()  # one server configuration: one label
