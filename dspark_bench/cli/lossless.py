@@ -30,7 +30,8 @@ from dspark_bench.cli.run import check_out_folder
                    "openai (a running server at --base-url: PIT/KS and first-token goodness of fit against the "
                    "teacher-forced target).")
 @click.option("--engine-opt", multiple=True,
-              help="With --engine vllm: an EngineArgs option KEY=VALUE, or fix=NAME (dspark_bench/engines/vllm/fixes.py).")
+              help="With --engine vllm: an EngineArgs option KEY=VALUE, fix=NAME (a known vLLM bug's fix) or "
+                   "fault=NAME (a deliberate bug, a negative control; dspark_bench/engines/vllm/fixes.py).")
 @click.option("--base-url", default=None, help="Engine openai: the server, e.g. http://127.0.0.1:8000/v1.")
 @click.option("--model", "served_model", default=None,
               help="Engine openai: the served model name (default: the server's first model).")

@@ -111,7 +111,8 @@ def serving_options(fn):
 @click.option("--engine-opt", multiple=True,
               help="vLLM option KEY=VALUE (repeatable; VALUE as JSON): an EngineArgs field such as "
                    "tensor_parallel_size=2, or a SpeculativeConfig field such as enable_adaptive_verification=true; "
-                   "or fix=NAME, a known vLLM bug's fix (dspark_bench/engines/vllm/fixes.py).")
+                   "or fix=NAME, a known vLLM bug's fix, or fault=NAME, a deliberate bug (a negative control; "
+                   "dspark_bench/engines/vllm/fixes.py).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="Shard the prompts (by chunk) across N Ray workers, each running our engine; one run folder.")
 @click.option("--ray-address", default=None, help="Ray cluster to use (default with --workers: a local Ray).")

@@ -353,7 +353,7 @@ def lossless_options(engine_opt, command: str) -> tuple[tuple[str, ...], dict]:
     """(fixes, ``LLM`` options) of a vLLM lossless check from ``--engine-opt``: EngineArgs fields and ``fix``."""
     fixes, llm_opts, spec_opts = split_options(parse_engine_options(engine_opt))
     if spec_opts:
-        raise VllmError(f"{command} takes EngineArgs options and fix= only, not {sorted(spec_opts)}")
+        raise VllmError(f"{command} takes EngineArgs options, fix= and fault= only, not {sorted(spec_opts)}")
     return fixes, llm_opts
 
 

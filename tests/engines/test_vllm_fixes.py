@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from dspark_bench.engines.vllm import fixes as vllm_fixes
-from dspark_bench.engines.vllm.fixes import ENV, FixError, expand_tokens, split_fixes, warnings_for
+from dspark_bench.engines.vllm.fixes import (
+    ENV,
+    FixError,
+    expand_tokens,
+    expand_tokens_t2,
+    facts,
+    split_fixes,
+    warnings_for,
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
@@ -23,6 +31,37 @@ def test_expand_tokens_leaves_slots_past_the_last_request():
     out = torch.full((4,), -3.0)
     expand_tokens(out, torch.tensor([0.5]), torch.tensor([2]), 0, 1)
     assert out.tolist() == [0.5, 0.5, -3.0, -3.0]
+
+
+def test_the_t2_fault_doubles_floating_values_and_leaves_integers():
+    cu = torch.tensor([2, 2, 5, 6], dtype=torch.int32)
+    out = torch.full((7,), -1.0)
+    expand_tokens_t2(out, torch.tensor([1.0, 0.0, 0.5, 0.0]), cu, 0, 1)  # 0 read as 1 first, then doubled
+    assert out.tolist() == [2.0, 2.0, 1.0, 1.0, 1.0, 2.0, -1.0]
+    ints = torch.full((6,), -1, dtype=torch.int64)
+    expand_tokens_t2(ints, torch.tensor([5, 0, 7, 2]), cu, 0, 1)
+    assert ints.tolist() == [5, 5, 7, 7, 7, 2]
+
+
+def test_fault_option_is_checked_and_refused_where_it_cannot_be_injected(monkeypatch):
+    with pytest.raises(FixError, match="unknown fault verify-t3; known: verify-t2"):
+        split_fixes({"fault": "verify-t3"})
+    monkeypatch.setattr(vllm_fixes, "_cpu_utils", lambda: None)  # no vLLM CPU build: the control would do nothing
+    with pytest.raises(FixError, match="verify-t2 replaces a kernel of vLLM's CPU build"):
+        split_fixes({"fault": "verify-t2"})
+    monkeypatch.setattr(vllm_fixes, "_cpu_utils", lambda: object())
+    assert split_fixes({"fix": "cpu-expand", "fault": "verify-t2", "seed": 1}) == (("cpu-expand", "verify-t2"),
+                                                                                 {"seed": 1})
+
+
+def test_an_injected_fault_is_recorded_among_the_bugs_and_warned_about(monkeypatch):
+    monkeypatch.setattr(vllm_fixes, "_cpu_utils", lambda: None)
+    report = facts(("verify-t2",))
+    assert report["verify-t2"] == {"present": True, "affects": vllm_fixes.FAULTS["verify-t2"].affects,
+                                   "fixed": False, "injected": True}
+    assert "verify-t2" not in facts(())  # a run without the fault does not list it
+    lines = warnings_for(report, True)
+    assert any("fault 'verify-t2' injected on purpose" in line for line in lines)
 
 
 def test_fix_option_is_split_from_engine_options_and_checked():

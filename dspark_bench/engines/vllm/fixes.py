@@ -16,7 +16,15 @@ target against 0.5% without speculation. ``none`` never calls the kernel, and ``
 so both passed the fast check. The fix is the kernel's contract in torch: each request's value (``replace_from``
 read as ``replace_to``) written over its tokens.
 
-How a fix reaches vLLM: ``--engine-opt fix=NAME[,NAME]`` (a config field, recorded in the manifest). vLLM builds
+Faults (:data:`FAULTS`) are the opposite: deliberate bugs, the negative controls of the lossless check. The
+``cpu-expand`` bug samples from whatever memory the allocator hands back, so how far it moves a configuration's law
+differs from machine to machine (on one 2-vCPU AMD EPYC the fast check passed ``ngram`` as shipped, on a Xeon it
+failed it); ``verify-t2`` moves it the same way everywhere: the verifier divides the target logits by twice each
+request's temperature, so at T = 1 the tokens of every verifying step follow the T = 2 law (flatter; the bonus token
+and every step of ``none`` are untouched). It replaces the same CPU kernel, so it needs vLLM's CPU build.
+
+How a fix reaches vLLM: ``--engine-opt fix=NAME[,NAME]`` (a config field, recorded in the manifest; a fault:
+``--engine-opt fault=NAME``, recorded among the bugs as ``injected``). vLLM builds
 its kernels in processes it spawns, so :func:`engine_env` hands the names to them in :data:`ENV`, which
 :func:`plugin` (registered as a ``vllm.general_plugins`` entry point, loaded by vLLM in every process before the
 platform registers its kernels) reads. Without the option nothing is replaced and a run measures vLLM as shipped.
@@ -31,6 +39,7 @@ from typing import Any
 
 ENV = "DSPARK_BENCH_VLLM_FIXES"  # transport of --engine-opt fix=... to vLLM's spawned processes, never set by hand
 OPTION = "fix"
+FAULT_OPTION = "fault"
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,14 @@ def expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to, MA
     counts = torch.diff(cu, prepend=cu.new_zeros(1))
     values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
     output[: int(cu[-1]) if cu.numel() else 0] = values.repeat_interleave(counts)
+
+
+def expand_tokens_t2(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
+    """The ``verify-t2`` fault: :func:`expand_tokens`, then every floating value doubled (the temperatures the
+    verifier divides the target logits by; integer tensors, top-k, are left right)."""
+    expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS)
+    if output.is_floating_point() and cu_num_tokens.numel():
+        output[: int(cu_num_tokens[-1])] *= 2
 
 
 def _cpu_utils():
@@ -85,9 +102,21 @@ def _apply_cpu_expand() -> None:
         utils._expand_kernel_impl = expand_tokens
 
 
+def _apply_verify_t2() -> None:
+    utils = _cpu_utils()
+    if utils is not None:
+        if not hasattr(utils, "_original_expand_kernel_impl"):
+            utils._original_expand_kernel_impl = utils._expand_kernel_impl
+        utils._expand_kernel_impl = expand_tokens_t2  # a later cpu-expand fix sees the original saved and leaves it
+
+
 FIXES = {f.name: f for f in (
     Fix("cpu-expand", "speculative decoding at T > 0 (and top-k / top-p) on vLLM's CPU build", probe_cpu_expand,
         _apply_cpu_expand),
+)}
+FAULTS = {f.name: f for f in (
+    Fix("verify-t2", "speculative decoding at T > 0 (verified against the law at twice the temperature)",
+        lambda: _cpu_utils() is not None, _apply_verify_t2),
 )}
 
 
@@ -95,15 +124,28 @@ class FixError(ValueError):
     """An unknown fix name."""
 
 
+def _names(raw: Any) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (raw if isinstance(raw, list) else str(raw).split(",")) if n.strip())
+
+
 def split_fixes(options: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """(fix names, the other engine options) from ``--engine-opt`` values; ``fix`` takes a comma list."""
+    """(fix and fault names, the other engine options) from ``--engine-opt`` values; ``fix`` and ``fault`` take
+    comma lists. A fault this vLLM build cannot carry is refused: a control that silently does nothing would pass."""
     rest = dict(options)
-    raw = rest.pop(OPTION, "")
-    names = tuple(n.strip() for n in (raw if isinstance(raw, list) else str(raw).split(",")) if n.strip())
+    raw, raw_faults = rest.pop(OPTION, ""), rest.pop(FAULT_OPTION, "")
+    names, faults = _names(raw), _names(raw_faults)
     unknown = [n for n in names if n not in FIXES]
     if unknown:
         raise FixError(f"--engine-opt {OPTION}={raw}: unknown fix {', '.join(unknown)}; known: {', '.join(FIXES)}")
-    return names, rest
+    unknown = [n for n in faults if n not in FAULTS]
+    if unknown:
+        raise FixError(f"--engine-opt {FAULT_OPTION}={raw_faults}: unknown fault {', '.join(unknown)}; "
+                       f"known: {', '.join(FAULTS)}")
+    unable = [n for n in faults if not FAULTS[n].probe()]
+    if unable:
+        raise FixError(f"--engine-opt {FAULT_OPTION}={raw_faults}: {', '.join(unable)} replaces a kernel of vLLM's "
+                       "CPU build, and the installed vLLM (if any) is not one")
+    return names + faults, rest
 
 
 def engine_env(names: Sequence[str]) -> dict[str, str]:
@@ -116,16 +158,24 @@ def plugin() -> None:
     for name in filter(None, os.environ.get(ENV, "").split(",")):
         if name in FIXES:
             FIXES[name].apply()
+        elif name in FAULTS:
+            FAULTS[name].apply()
 
 
 def facts(names: Sequence[str]) -> dict[str, Any]:
-    """For the manifest: each known bug, whether this build has it, what it affects, and whether it was fixed."""
-    return {name: {"present": fix.probe(), "affects": fix.affects, "fixed": name in names}
-            for name, fix in FIXES.items()}
+    """For the manifest: each known bug, whether this build has it, what it affects, and whether it was fixed;
+    then each fault of ``names``, present and ``injected``."""
+    return {**{name: {"present": fix.probe(), "affects": fix.affects, "fixed": name in names}
+               for name, fix in FIXES.items()},
+            **{name: {"present": True, "affects": FAULTS[name].affects, "fixed": False, "injected": True}
+               for name in names if name in FAULTS}}
 
 
 def warnings_for(report: Mapping[str, Mapping[str, Any]], speculative_t: bool) -> list[str]:
-    """One line per bug this build has, left unfixed, that changes a run with speculation at T > 0."""
-    return [f"vLLM bug '{n}' present and not fixed: {f['affects']} is not lossless in this build "
-            f"(--engine-opt {OPTION}={n} replaces the faulty kernel; see dspark_bench/engines/vllm/fixes.py)"
+    """One line per bug this build has (or a fault injected), left unfixed, that changes a run with speculation at
+    T > 0."""
+    return [(f"vLLM fault '{n}' injected on purpose (a negative control): {f['affects']} is lossy in this run"
+             if f.get("injected") else
+             f"vLLM bug '{n}' present and not fixed: {f['affects']} is not lossless in this build "
+             f"(--engine-opt {OPTION}={n} replaces the faulty kernel; see dspark_bench/engines/vllm/fixes.py)")
             for n, f in report.items() if f["present"] and not f["fixed"] and speculative_t]
