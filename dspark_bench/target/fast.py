@@ -14,6 +14,9 @@ This module runs the same math as transformers' Llama with fewer and larger kern
   into one head of ``G * L`` rows (no repeated K/V, see :func:`attention`);
 - a cache (:class:`KVCache`) that appends in place into spare columns instead of concatenating every layer every
   step;
+- prompts prefilled end to end in one row (:meth:`FastForward.prefill`): every projection multiplies all their
+  tokens at once, with no pads, and only attention runs prompt by prompt (what a production engine's variable-length
+  prefill does);
 - on the CPU, every projection and the LM head also held in oneDNN's packed layout (:class:`Linear`), read by the
   matmuls of at least :data:`PACK_MIN_ROWS` rows: torch's ``F.linear`` repacks the weight at every call, which at
   4-48 rows costs more than the product (a forward's matmuls took 2-2.5x as long through ``F.linear`` as packed at
@@ -304,6 +307,24 @@ class FastForward:
                 tapped[i] = x
         return rms_norm(x, self.final_norm, self.eps), tapped
 
+    def prefill(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, lengths: list[int],
+                taps: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Prompts of ``lengths`` tokens laid end to end in one row (ids, positions [1, N], N their sum) into an
+        empty ``cache``: what :meth:`__call__` returns, in that one row. Each prompt attends to itself alone, and
+        its K/V lands in its own row of the cache from column 0 (R = ``len(lengths)`` rows, as many columns as the
+        longest prompt; a shorter row holds zeros past its end, which Target's mask hides)."""
+        x = F.embedding(ids, self.embed)  # [1, N, d]
+        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)  # [1, N, 1, D]
+        starts = [sum(lengths[:r]) for r in range(len(lengths))]
+        spans = list(zip(starts, lengths, strict=True))
+        wanted = set(taps)
+        tapped = {-1: x} if -1 in wanted else {}
+        for i, (layer, kv) in enumerate(zip(self.layers, cache.layers, strict=True)):
+            x = self.block(layer, kv, x, cos, sin, None, spans)
+            if i in wanted:
+                tapped[i] = x
+        return rms_norm(x, self.final_norm, self.eps), tapped
+
     def plan(self, attend: Attend, cache: KVCache, width: int, dtype: torch.dtype) -> Attend:
         """What every layer of a forward of ``width`` new columns uses (:class:`Attend`), built once per forward."""
         held = 0 if cache.layers[0].keys is None else cache.layers[0].keys.shape[2]
@@ -317,13 +338,32 @@ class FastForward:
         return Attend(packed_bias(bias, self.heads // self.kv_heads), packed=True)
 
     def block(self, w: Layer, kv: LayerKV, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              attend: Attend) -> torch.Tensor:
-        """One decoder layer: x [R, L, d] -> [R, L, d]."""
+              attend: Attend | None, spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
+        """One decoder layer: x [R, L, d] -> [R, L, d]; with ``spans`` (:meth:`prefill`), R = 1 and the row holds
+        the prompts (start, length) end to end."""
         r, n, _ = x.shape
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         qkv = w.qkv(rms_norm(x, w.attn_norm, self.eps)).view(r, n, hq + 2 * hkv, d)
         qk = rope(qkv[:, :, : hq + hkv], cos, sin)  # [R, L, Hq + Hkv, D]
-        k, v = kv.append(qk[:, :, hq:].transpose(1, 2), qkv[:, :, hq + hkv :].transpose(1, 2))  # [R, Hkv, S, D]
-        x = x + w.o(attention(qk[:, :, :hq], k, v, attend, self.scale))
+        if spans is None:
+            k, v = kv.append(qk[:, :, hq:].transpose(1, 2), qkv[:, :, hq + hkv :].transpose(1, 2))  # [R, Hkv, S, D]
+            x = x + w.o(attention(qk[:, :, :hq], k, v, attend, self.scale))
+        else:
+            x = x + w.o(self.apart(kv, qk[:, :, :hq], qk[0, :, hq:], qkv[0, :, hq + hkv :], spans))
         gate, up = w.gate_up(rms_norm(x, w.mlp_norm, self.eps)).chunk(2, dim=-1)  # [R, L, I] each
         return x + w.down(F.silu(gate) * up)
+
+    def apart(self, kv: LayerKV, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              spans: list[tuple[int, int]]) -> torch.Tensor:
+        """Attention of prompts laid end to end, each over itself: q [1, N, Hq, D], k, v [N, Hkv, D] ->
+        [1, N, Hq D]; each prompt's K/V copied into its own row of ``kv`` from column 0."""
+        width = max(n for _, n in spans)
+        keys = k.new_zeros(len(spans), self.kv_heads, width, self.head_dim)
+        values = torch.zeros_like(keys)
+        for r, (start, n) in enumerate(spans):
+            keys[r, :, :n] = k[start : start + n].transpose(0, 1)
+            values[r, :, :n] = v[start : start + n].transpose(0, 1)
+        keys, values = kv.append(keys, values)
+        causal = Attend(None, causal=True)
+        return torch.cat([attention(q[:, start : start + n], keys[r : r + 1, :, :n], values[r : r + 1, :, :n], causal,
+                                    self.scale) for r, (start, n) in enumerate(spans)], dim=1)

@@ -150,9 +150,9 @@ def test_prefill_returns_last_logits_and_tapped_layers_only(tiny):
 
 
 def test_prompts_of_other_lengths_prefill_apart_and_come_back_in_order(tiny):
-    """prefill_groups keeps prompts of similar lengths together (longest first) and splits the rest; the grouped
-    prefill gives every row, in the order given, the logits, features, mask and positions of one padded forward over
-    all of them, and the next block forward agrees too."""
+    """prefill_groups keeps prompts of similar lengths together (longest first) and splits the rest; the prefill
+    (the fast path's end to end, and the HF path's grouped one) gives every row, in the order given, the logits,
+    features, mask and positions of one padded forward over all of them, and the next block forward agrees too."""
     from dspark_bench.target.model import prefill_groups
 
     assert prefill_groups([117, 90, 122, 277, 208, 172, 61, 79]) == [[3], [4, 5], [2, 0, 1], [7], [6]]
@@ -160,18 +160,21 @@ def test_prompts_of_other_lengths_prefill_apart_and_come_back_in_order(tiny):
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 90, (n,), generator=gen).tolist() for n in (3, 21, 20, 8, 21)]
     assert len(prefill_groups([len(p) for p in prompts])) == 3
-    grouped, g_out = tiny.prefill(prompts, (1,))
+    assert tiny.forward_path == "fast"
     together, t_out = tiny._prefill_padded(prompts, (1,))
-    assert torch.allclose(g_out.logits, t_out.logits, atol=1e-4)
-    for g, t in zip(g_out.features, t_out.features, strict=True):
-        assert torch.allclose(g.layers, t.layers, atol=1e-4) and torch.allclose(g.final, t.final, atol=1e-4)
-    assert np.array_equal(grouped.mask, together.mask) and grouped.lens == together.lens == [len(p) for p in prompts]
-    assert torch.equal(grouped.next_pos, together.next_pos) and grouped.block_lens == together.block_lens
+    mask, next_pos = together.mask.copy(), together.next_pos.clone()
     ids = torch.randint(3, 90, (5, 2), generator=gen)
-    for batch in (grouped, together):
-        tiny.keep(batch, [len(p) for p in prompts])
-    a, b = tiny.forward_block(grouped, ids, [2] * 5), tiny.forward_block(together, ids, [2] * 5)
-    assert torch.allclose(a.logits, b.logits, atol=1e-4)
+    tiny.keep(together, [len(p) for p in prompts])
+    after = tiny.forward_block(together, ids, [2] * 5)
+    for prefill in (tiny.prefill, tiny._prefill_grouped):
+        grouped, g_out = prefill(prompts, (1,))
+        assert torch.allclose(g_out.logits, t_out.logits, atol=1e-4)
+        for g, t in zip(g_out.features, t_out.features, strict=True):
+            assert torch.allclose(g.layers, t.layers, atol=1e-4) and torch.allclose(g.final, t.final, atol=1e-4)
+        assert np.array_equal(grouped.mask, mask) and grouped.lens == [len(p) for p in prompts]
+        assert torch.equal(grouped.next_pos, next_pos) and grouped.block_lens == [len(p) for p in prompts]
+        tiny.keep(grouped, [len(p) for p in prompts])
+        assert torch.allclose(tiny.forward_block(grouped, ids, [2] * 5).logits, after.logits, atol=1e-4)
 
 
 def test_compaction_keeps_the_cached_continuation(tiny):

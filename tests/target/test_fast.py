@@ -99,6 +99,25 @@ def test_unpadded_rows_take_the_causal_mask_without_a_bias():
         assert fb.mask.all()
 
 
+def test_prompts_prefilled_end_to_end_agree_with_the_hf_path_and_decode_on():
+    """The fast path prefills several prompts in one row without pads (lengths 1 to 19 here, one of them twice):
+    logits, taps, mask, positions and every later block agree with the HF path's padded prefill."""
+    fast, hf = _pair(_llama(seed=7))
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, 96, (n,), generator=gen).tolist() for n in (7, 1, 19, 7, 12)]
+    (fb, fo), (hb, ho) = fast.prefill(prompts, TAPS), hf.prefill(prompts, TAPS)
+    assert fo.logits.shape == ho.logits.shape == (5, 1, 96)
+    _same_step(fo, ho)
+    assert [len(f) for f in fo.features] == [len(p) for p in prompts]
+    assert np.array_equal(fb.mask, hb.mask) and torch.equal(fb.next_pos, hb.next_pos)
+    assert fb.block_lens == hb.block_lens == [len(p) for p in prompts]
+    for width, kept in ((3, [1, 3, 2, 3, 1]), (1, [1] * 5), (4, [4] * 5)):
+        ids = torch.randint(3, 96, (5, width), generator=gen)
+        _same_step(fast.forward_block(fb, ids, [width] * 5, TAPS), hf.forward_block(hb, ids, [width] * 5, TAPS))
+        fast.keep(fb, kept), hf.keep(hb, kept)
+    assert fb.lens == hb.lens
+
+
 def test_long_blocks_and_padded_prefills_take_the_unpacked_path():
     """Blocks wider than PACK_ROWS (a padded prefill of long prompts, a wide verify block over holes) run SDPA's
     grouped-query path under the unpacked bias; they agree with HF too."""
