@@ -42,15 +42,17 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--generate-pairs", default=3, show_default=True, type=click.IntRange(min=1),
               help="Timed pairs of each generation.")
-@click.option("--against", default="hf", show_default=True, type=click.Choice(["hf", "fast-unpacked"]),
-              help="The path the fast path is timed against: transformers' forward, or the fast path without its "
-                   "packed weights (what the packing alone is worth).")
+@click.option("--against", default="hf", show_default=True, type=click.Choice(["hf", "fast-unpacked", "fast-grouped"]),
+              help="The path the fast path is timed against: transformers' forward, the fast path without its "
+                   "packed weights (what the packing alone is worth), or with padded, length-grouped prefills (what "
+                   "the prefill end to end is worth).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help=f"Folder for {FORWARD_JSON}.")
 @friendly
 def bench_forward(target, dtype, threads, rows, widths, context, pairs, suite, limit, concurrency, max_new_tokens,
                   generate_pairs, against, out):
-    """The fast forward path against the HF path (or --against fast-unpacked) on one set of weights, alternated call
-    by call (fast, other, ...): target steps at each R x L, and greedy `none` generation. Ratios fast / other (< 1:
+    """The fast forward path against the HF path (or --against fast-unpacked / fast-grouped) on one set of weights,
+    alternated call by call (fast, other, ...): target steps at each R x L, the prefill of the first C prompts at
+    each generation concurrency C > 1, and greedy `none` generation. Ratios fast / other (< 1:
     fast is faster) are medians of per-pair ratios, so they hold on a loaded machine; absolute times do not."""
     import torch
 
@@ -83,6 +85,9 @@ def bench_forward(target, dtype, threads, rows, widths, context, pairs, suite, l
     for s in result["steps"]:
         table.add_row(f"step R={s['rows']} L={s['width']} C={s['context']}", f"{s['fast_median_ms']:.1f}",
                       f"{s['other_median_ms']:.1f}", f"{s['ratio_fast_over_other']:.3f}")
+    for f in result["prefill"]:
+        table.add_row(f"prefill of {f['prompts']} prompts ({f['tokens']} tokens)", f"{f['fast_median_ms']:.0f}",
+                      f"{f['other_median_ms']:.0f}", f"{f['ratio_fast_over_other']:.3f}")
     for g in result["generate"]:
         table.add_row(f"none x{g['requests']} c={g['concurrency']} ({'same' if g['same_tokens'] else 'other'} tokens)",
                       f"{g['fast_median_ms']:.0f}", f"{g['other_median_ms']:.0f}", f"{g['ratio_fast_over_other']:.3f}")

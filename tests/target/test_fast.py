@@ -118,6 +118,25 @@ def test_prompts_prefilled_end_to_end_agree_with_the_hf_path_and_decode_on():
     assert fb.lens == hb.lens
 
 
+def test_the_fast_grouped_path_prefills_in_padded_groups_with_the_same_result(monkeypatch):
+    model = _llama(seed=9)
+    fast = Target(model, None, "tiny-llama", forward_path="fast")
+    grouped = Target(model, None, "tiny-llama", forward_path="fast-grouped")
+    assert grouped.linear_kernel == fast.linear_kernel
+    flat_calls = []
+    original = Target._prefill_flat
+    monkeypatch.setattr(Target, "_prefill_flat", lambda self, p, t: flat_calls.append(self.forward_path)
+                        or original(self, p, t))
+    prompts = random_prompts(3, seed=2)
+    assert len(set(map(len, prompts))) == 3
+    (fb, fo), (gb, go) = fast.prefill(prompts, TAPS), grouped.prefill(prompts, TAPS)
+    assert flat_calls == ["fast"]
+    _same_step(fo, go)
+    assert np.array_equal(fb.mask, gb.mask) and torch.equal(fb.next_pos, gb.next_pos)
+    fast.prefill([prompts[0], prompts[0]])  # one length: one padded forward, no pads
+    assert flat_calls == ["fast"]
+
+
 def test_long_blocks_and_padded_prefills_take_the_unpacked_path():
     """Blocks wider than PACK_ROWS (a padded prefill of long prompts, a wide verify block over holes) run SDPA's
     grouped-query path under the unpacked bias; they agree with HF too."""
@@ -186,9 +205,9 @@ def test_forward_path_choice():
     with pytest.raises(TargetError, match="'fast-unpacked' runs Llama"):
         resolve_forward_path("fast-unpacked", Qwen3Config())
     assert resolve_forward_path("fast-unpacked", LlamaConfig()) == "fast-unpacked"
-    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, hf"):
+    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, fast-grouped, hf"):
         resolve_forward_path("turbo", LlamaConfig())
-    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, hf"):
+    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, fast-grouped, hf"):
         Target.load("no-such-target", dtype="fp32", forward_path="turbo")  # refused before any loading
 
 
