@@ -3,8 +3,8 @@
 ``fast-grouped`` (the fast path with padded, length-grouped prefills: what prefilling prompts end to end is worth).
 
 Both paths run in one process on one set of weights (the fast path's fused matrices; the HF modules read views
-of them), and every measurement alternates them (fast, other, fast, other, ...), so that whatever else loads the
-machine loads both alike: on a shared machine only the ratios fast / other mean anything, and they are medians of
+of them), and every measurement alternates them in pairs (fast then other, then other then fast, ...), so that
+whatever else loads the machine loads both alike and neither always runs right after the other: on a shared machine only the ratios fast / other mean anything, and they are medians of
 per-pair ratios. Two measurements:
 
 1. **step** (:func:`step_ratio`): one target forward of R rows x L tokens over a cache of ``context`` columns (L =
@@ -61,10 +61,17 @@ def paths(target: Target, against: str = "hf") -> tuple[Target, Target]:
 
 
 def alternate(fast: Callable[[], float], other: Callable[[], float], pairs: int, warmup: int = 2) -> Paired:
-    """Call fast, other, fast, other, ... (``warmup`` untimed pairs first); each call returns its own seconds."""
+    """Call the two in pairs, fast first in even pairs and other first in odd ones (``warmup`` untimed pairs first),
+    so that neither always runs right after the other; each call returns its own seconds."""
     for _ in range(warmup):
         fast(), other()
-    timed = [(fast(), other()) for _ in range(pairs)]
+    timed = []
+    for i in range(pairs):
+        if i % 2:
+            o = other()
+            timed.append((fast(), o))
+        else:
+            timed.append((fast(), other()))
     return Paired(tuple(t[0] for t in timed), tuple(t[1] for t in timed))
 
 
