@@ -341,8 +341,9 @@ class Target:
         """Prompts through a fresh cache, each row's columns starting at column 0 (the batch layout), rows in the
         order given. Logits at the last prompt position only ([R, 1, V]); features of every prompt position, for the
         tapped layers only. On the fast path prompts of different lengths run end to end in one forward, without
-        pads (:meth:`_prefill_flat`: 8 prompts of 89-233 tokens took 0.93x the time of the grouped forwards below,
-        16 prompts 0.84x, fp32 on a 2-vCPU AMD EPYC); prompts of one length share one forward. On the HF path
+        pads (:meth:`_prefill_flat`: 8 and 16 prompts of 50-233 tokens took 0.905x the time of the grouped
+        forwards below, fp32 on a 2-vCPU AMD EPYC, ``bench-forward --against fast-grouped``); prompts of one length
+        share one forward. On the HF path
         prompts of similar lengths share one left-padded forward (:func:`prefill_groups`) and the groups' batches
         are merged: a forward over pads costs as much as one over tokens (a batch of 8 prompts of 61-277 tokens,
         padded to 277, took 1.6x as long as the 8 prompts one by one, fp32 and bf16, measured)."""

@@ -18,8 +18,8 @@ read as ``replace_to``) written over its tokens.
 
 Faults (:data:`FAULTS`) are the opposite: deliberate bugs, the negative controls of the lossless check. The
 ``cpu-expand`` bug samples from whatever memory the allocator hands back, so how far it moves a configuration's law
-differs from machine to machine (on one 2-vCPU AMD EPYC the fast check passed ``ngram`` as shipped, on a Xeon it
-failed it); ``verify-t2`` moves it the same way everywhere: the verifier divides the target logits by twice each
+differs from machine to machine (CI's machine passed ``ngram`` as shipped on 2026-12-07, where a Xeon and an AMD
+EPYC failed it); ``verify-t2`` moves it the same way everywhere: the verifier divides the target logits by twice each
 request's temperature, so at T = 1 the tokens of every verifying step follow the T = 2 law (flatter; the bonus token
 and every step of ``none`` are untouched). It replaces the same CPU kernel, so it needs vLLM's CPU build.
 
@@ -62,8 +62,9 @@ def expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to, MA
 
 
 def expand_tokens_t2(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
-    """The ``verify-t2`` fault: :func:`expand_tokens`, then every floating value doubled (the temperatures the
-    verifier divides the target logits by; integer tensors, top-k, are left right)."""
+    """The ``verify-t2`` fault: :func:`expand_tokens`, then every floating value doubled: the temperatures the
+    verifier divides the target logits by (and top-p, where a request sets it); integer tensors (top-k) are left
+    right."""
     expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS)
     if output.is_floating_point() and cu_num_tokens.numel():
         output[: int(cu_num_tokens[-1])] *= 2
