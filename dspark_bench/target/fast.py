@@ -18,10 +18,13 @@ This module runs the same math as transformers' Llama with fewer and larger kern
   tokens at once, with no pads, and only attention runs prompt by prompt (what a production engine's variable-length
   prefill does);
 - on the CPU, every projection and the LM head also held in oneDNN's packed layout (:class:`Linear`), read by the
-  matmuls of at least :data:`PACK_MIN_ROWS` rows: torch's ``F.linear`` repacks the weight at every call, which at
-  4-48 rows costs more than the product (a forward's matmuls took 2-2.5x as long through ``F.linear`` as packed at
-  8 and 32 rows, fp32, on a 2-vCPU Xeon; whole decode steps 1.5-1.6x); below that, ``F.linear``'s matrix-vector
-  path is the faster one and runs. The packed copy is one more copy of the weights in memory.
+  matmuls of :data:`PACK_MIN_ROWS` to :data:`PACK_MAX_ROWS` rows: torch's ``F.linear`` repacks the weight at every
+  call, which at 4-48 rows costs more than the product (a forward's matmuls took 2-2.5x as long through ``F.linear``
+  as packed at 8 and 32 rows, fp32, on a 2-vCPU Xeon; whole decode steps 1.5-1.6x); below that, ``F.linear``'s
+  matrix-vector path is the faster one and runs, and above it (long prefills) the repacking is paid back and
+  ``F.linear``'s own kernel is the faster one again (on a 2-vCPU AMD EPYC with AVX2, fp32, SmolLM2-135M's four
+  projections: packed 0.49x ``F.linear``'s time at 8 rows, 0.79x at 128, 0.99x at 512, 1.07x at 1,024, 1.12x at
+  2,048). The packed copy is one more copy of the weights in memory.
 
 transformers stays the loader and the reference: tests hold this path's logits, taps and greedy tokens to the HF
 path's in fp32. :func:`arch_of` says which configs it runs; anything else runs on the HF path.
@@ -40,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 PACK_MIN_ROWS = 4  # matmuls of at least this many rows read the packed weight (Linear); fewer run F.linear
+PACK_MAX_ROWS = 512  # ... and of at most this many: longer ones (prefills) run F.linear, faster there (docstring)
 PACK_ROWS = 16  # blocks of at most this many queries pack their query heads (attention()); longer ones, prefills, do not
 HEADROOM = 64  # spare columns a new cache buffer gets beyond what it must hold (a copy every 64 decode steps)
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # static inverse frequencies: a table holds them
@@ -84,8 +88,8 @@ def onednn_packs(dtype: torch.dtype, device: torch.device) -> bool:
 class Linear:
     """``x W^T + b`` for a weight [out, in] held twice: as it is (the model's parameter, which the HF modules and the
     drafters keep reading) and, where ``packed``, in oneDNN's blocked layout for any number of rows, made once.
-    A product of at least :data:`PACK_MIN_ROWS` rows reads the packed copy; fewer rows run ``F.linear`` (the module
-    docstring says why), and so does a product that autograd records (a drafter's training reads the target's head:
+    A product of :data:`PACK_MIN_ROWS` to :data:`PACK_MAX_ROWS` rows reads the packed copy; fewer or more rows run
+    ``F.linear`` (the module docstring says why), and so does a product that autograd records (a drafter's training reads the target's head:
     oneDNN's packed product has no backward). Both compute the same product; their roundings differ, within the
     dtype's."""
 
@@ -94,7 +98,8 @@ class Linear:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if packed else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.numel() < PACK_MIN_ROWS * x.shape[-1] or (x.requires_grad and torch.is_grad_enabled()):
+        rows, recorded = x.numel() // x.shape[-1], x.requires_grad and torch.is_grad_enabled()
+        if self.packed is None or recorded or not PACK_MIN_ROWS <= rows <= PACK_MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
