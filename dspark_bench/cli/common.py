@@ -161,7 +161,7 @@ class RunProgress:
         s = self.stats[rec.drafter]
         s[0] += sum(r[3] for r in rec.rounds)
         s[1] += len(rec.rounds)
-        s[2] += max(len(rec.output_ids) - 1, 0)
+        s[2] += max(rec.n_output - 1, 0)
         s[3] += rec.decode_s
         text = "  ".join(f"{n} τ={c / r:.2f} {t / d:.1f} tok/s" for n, (c, r, t, d) in self.stats.items() if r and d)
         self.progress.update(self.task, advance=1, description=text)

@@ -30,7 +30,11 @@ class RequestRecord:
 
     ``spec_totals``: (source, output tokens, accepted draft tokens, drafted tokens or None) where a server gives a
     request's speculative totals but not its steps (:func:`dspark_bench.engines.http.spec.totals_from_stats`);
-    ``rounds`` is then empty."""
+    ``rounds`` is then empty.
+
+    ``output_tokens``: how many tokens the request emitted, where ``output_ids`` cannot say (a server that returned
+    ids for only some of them: they are dropped, :func:`dspark_bench.engines.http.engine.complete_ids`); None:
+    ``len(output_ids)``. Read it through :attr:`n_output`."""
 
     drafter: str
     scheduler: str
@@ -58,10 +62,16 @@ class RequestRecord:
     itl_s: tuple[float, ...] | None = None
     e2el_s: float | None = None
     spec_totals: tuple[str, int, int, int | None] | None = None
+    output_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def n_output(self) -> int:
+        """Tokens the request emitted (``output_tokens`` where the ids are not all known)."""
+        return len(self.output_ids) if self.output_tokens is None else self.output_tokens
 
 
 def record_from_result(result: RequestResult, drafter: str, scheduler: str, index: int, repeat: int,
@@ -95,12 +105,12 @@ def serving_fields(served: Served | None) -> dict[str, Any]:
 
 
 SERVING_FIELDS = ("arrival_s", "queue_s", "itl_s", "e2el_s")
-OPTIONAL_FIELDS = (*SERVING_FIELDS, "spec_totals")
+OPTIONAL_FIELDS = (*SERVING_FIELDS, "spec_totals", "output_tokens")
 
 
 def record_to_dict(rec: RequestRecord) -> dict[str, Any]:
-    """The record as ``records.jsonl`` holds it; serving fields and server totals appear only when set (a
-    closed-loop run's records read as they did before those fields existed)."""
+    """The record as ``records.jsonl`` holds it; serving fields, server totals and a token count apart from the
+    ids appear only when set (a closed-loop run's records read as they did before those fields existed)."""
     return {k: v for k, v in dataclasses.asdict(rec).items() if v is not None or k not in OPTIONAL_FIELDS}
 
 

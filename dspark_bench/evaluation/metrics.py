@@ -106,7 +106,7 @@ def acceptance(c: Counts) -> dict:
 
 
 def decode_tokens(rec: RequestRecord) -> int:
-    return max(len(rec.output_ids) - 1, 0)
+    return max(rec.n_output - 1, 0)
 
 
 def tokens_per_s(records: Sequence[RequestRecord]) -> float | None:

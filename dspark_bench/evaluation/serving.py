@@ -73,7 +73,7 @@ def request_latencies(rec: RequestRecord) -> dict[str, float | None]:
         return {"ttft": None, "tpot": None, "e2el": None, "queue": None}
     queue = rec.queue_s or 0.0
     ttft = queue + rec.ttft_s
-    tokens = len(rec.output_ids)
+    tokens = rec.n_output
     tpot = (rec.e2el_s - ttft) / (tokens - 1) if tokens > 1 else None
     return {"ttft": ttft, "tpot": tpot, "e2el": rec.e2el_s, "queue": queue}
 
@@ -109,7 +109,7 @@ def serving_summary(records: Sequence[RequestRecord], slo: Mapping[str, float] |
     end = max((r.arrival_s + r.e2el_s for r in done), default=start)
     duration = end - start
     out: dict = {"completed": len(done), "failed": len(timed) - len(done), "duration_s": duration,
-                 "output_tokens": sum(len(r.output_ids) for r in done)}
+                 "output_tokens": sum(r.n_output for r in done)}
     out["request_throughput"] = len(done) / duration if duration > 0 else None
     out["output_throughput"] = out["output_tokens"] / duration if duration > 0 else None
     for name in LATENCIES:

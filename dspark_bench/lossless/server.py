@@ -52,9 +52,9 @@ from typing import Any
 
 import torch
 
-from dspark_bench.engines.http.client import ServerError
+from dspark_bench.engines.http.client import ServerError, dialect_of
 from dspark_bench.engines.http.completions import Completion, Completions, api_key_headers, fetch
-from dspark_bench.engines.http.engine import server_root
+from dspark_bench.engines.http.engine import server_root, server_version
 from dspark_bench.engines.http.prometheus import spec_counters
 from dspark_bench.engines.http.spec import drafted_tokens, rounds_from_stats
 from dspark_bench.engines.vllm.llm import counter_delta
@@ -377,16 +377,13 @@ def open_server(opts: ServerOptions) -> tuple[Completions, dict[str, Any], str |
     if model not in served:
         raise ServerError(f"{base}/models serves {', '.join(map(str, served)) or 'no model'}; --model {model!r} is "
                           "not among them")
-    version = _text(server_root(base) + "/version", headers)
-    try:
-        version = json.loads(version).get("version") if version else None
-    except (json.JSONDecodeError, AttributeError):
-        version = None
-    facts = {"name": "openai", "base_url": base, "model": model, "models": models, "version": version,
-             "api_key_env": opts.api_key_env,
+    version = server_version(base, headers)
+    dialect = dialect_of(models)
+    facts = {"name": "openai", "base_url": base, "model": model, "models": models, "dialect": dialect,
+             "version": version, "api_key_env": opts.api_key_env,
              "law": f"computed here in {REAL_DTYPE}: exact against a server computing in float32 (vLLM --dtype "
                     "float32); the server's dtype is not reported by /v1/models"}
-    client = Completions(base, model, headers, opts.timeout_s)
+    client = Completions(base, model, headers, opts.timeout_s, dialect=dialect)
     return client, facts, _text(server_root(base) + "/metrics", headers)
 
 

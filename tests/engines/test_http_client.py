@@ -23,9 +23,16 @@ def _chunk(content=None, ids=None, finish=None, usage=None):
     return "data: " + json.dumps(out) + "\n\n"
 
 
+CLOSED: list[str] = []  # modes whose first request had its connection closed unanswered
+
+
 async def _handler(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     mode = body["messages"][0]["content"]
+    if mode == "close-once" and mode not in CLOSED:
+        CLOSED.append(mode)
+        request.transport.close()  # what a server does to a kept-alive connection it no longer wants
+        return web.Response()
     if mode == "refuse":
         return web.json_response({"error": {"message": "no such model"}}, status=404)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -74,6 +81,12 @@ def test_failures_are_error_responses_not_exceptions_or_hangs():
     assert dropped.status == "error" and "without [DONE]" in dropped.error and dropped.token_ids == (10, 11, 12)
     assert stalled.status == "error" and "timed out after 1 s" in stalled.error
     assert good.status == "ok"
+
+
+def test_a_connection_closed_before_any_answer_is_sent_once_more():
+    CLOSED.clear()
+    (out,) = asyncio.run(_serve_and_run(["close-once"]))
+    assert CLOSED == ["close-once"] and out.status == "ok" and out.token_ids == (10, 11, 12)
 
 
 def test_a_server_that_is_down_gives_error_responses():

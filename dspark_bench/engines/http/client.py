@@ -7,8 +7,10 @@ Terms:
   gaps between deliveries, as ``vllm bench serve`` measures them.
 * **sent** / **first** / **last**: when the request left the client, when its first and its last delivery
   arrived, on the client's monotonic clock in seconds from the run's start.
-* **token ids**: where the server returns them (vLLM: ``logprobs`` with ``return_tokens_as_token_ids``, each
-  token then reads ``token_id:N``); None otherwise (the text is kept either way).
+* **token ids**: where the server returns them, asked for in the server's dialect (:func:`dialect_of`): vLLM and
+  servers like it (``openai``): ``logprobs`` with ``return_tokens_as_token_ids``, each token then reads
+  ``token_id:N``; ``llama.cpp``: ``logprobs`` with one top log-probability, each token then carries its ``id``.
+  None otherwise (the text is kept either way).
 * **server statistics**: whatever speculative statistics the response carries per request, kept raw (vLLM with
   ``--per-request-spec-decode-metrics``, SGLang's ``meta_info``, llama.cpp's ``timings``) and read by
   :mod:`dspark_bench.engines.http.spec`.
@@ -33,6 +35,43 @@ class ServerError(ValueError):
     """A server that cannot be used as asked (unreachable, no such model, no token ids where they are needed)."""
 
 
+DIALECTS = ("openai", "llama.cpp")  # how a server is asked for token ids, and how it returns them
+# llama.cpp's own samplers beyond the OpenAI ones, each sent switched off (its server's command line can set them on
+# for every request): the repetition penalty, DRY, XTC, typical-p, mirostat and top-n-sigma.
+LLAMA_CPP_OFF = {"repeat_penalty": 1.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "typical_p": 1.0,
+                 "mirostat": 0, "top_n_sigma": -1.0}
+
+
+def dialect_of(models: Sequence[Mapping[str, Any]]) -> str:
+    """``llama.cpp`` when the server's ``/v1/models`` entries say they are llama.cpp's (``owned_by: llamacpp``),
+    else ``openai`` (vLLM's ``return_tokens_as_token_ids``, which SGLang takes too)."""
+    return "llama.cpp" if any(m.get("owned_by") == "llamacpp" for m in models) else "openai"
+
+
+def id_fields(dialect: str, chat: bool) -> dict[str, Any]:
+    """The body fields that make a server of ``dialect`` return each emitted token's id (chat completions, or
+    ``/v1/completions`` when not ``chat``). llama.cpp returns a token's id only beside its probabilities, and reads
+    ``logprobs`` of a completion and ``top_logprobs`` of a chat completion as how many to return (0: none, so no
+    ids): one is asked for."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"unknown server dialect {dialect!r}; known: {', '.join(DIALECTS)}")
+    if dialect == "llama.cpp":
+        return {"logprobs": True, "top_logprobs": 1} if chat else {"logprobs": 1}
+    return {"logprobs": True, "return_tokens_as_token_ids": True} if chat else {"logprobs": 0,
+                                                                                 "return_tokens_as_token_ids": True}
+
+
+def token_id(item: Mapping[str, Any]) -> int:
+    """The id of one ``logprobs.content`` entry: llama.cpp's integer ``id``, or vLLM's ``token_id:N`` token."""
+    if isinstance(item.get("id"), int) and not isinstance(item.get("id"), bool):
+        return int(item["id"])
+    token = str(item.get("token", ""))
+    if not token.startswith("token_id:"):
+        raise ServerError(f"the server returned token {token!r} with no id: it ignores return_tokens_as_token_ids "
+                          f"(a vLLM option) and gives no llama.cpp-style 'id'")
+    return int(token.removeprefix("token_id:"))
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     """One request of a run: its position, the user turn, its seed and when it arrives (s from the run's start)."""
@@ -49,7 +88,8 @@ class Sampling:
     ``return_tokens_as_token_ids``), merged into the request body. The filters are always sent, off ones too
     (top_p 1, top_k 0, min_p 0): a server left to choose applies its model's generation config (vLLM's
     ``--generation-config auto``), which may set them. ``top_k`` and ``min_p`` are not OpenAI fields; vLLM,
-    SGLang and llama.cpp's servers read them from the body."""
+    SGLang and llama.cpp's servers read them from the body. ``dialect``: how token ids are asked for
+    (:func:`id_fields`)."""
 
     model: str
     max_tokens: int
@@ -59,14 +99,17 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    dialect: str = "openai"
 
     def body(self, request: ChatRequest) -> dict[str, Any]:
         body = {"model": self.model, "messages": [{"role": "user", "content": request.text}],
                 "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "min_p": self.min_p, "seed": request.seed,
                 "stream": True, "stream_options": {"include_usage": True}}
+        if self.dialect == "llama.cpp":
+            body.update(LLAMA_CPP_OFF)
         if self.token_ids:
-            body.update(logprobs=True, return_tokens_as_token_ids=True)
+            body.update(id_fields(self.dialect, chat=True))
         return {**body, **self.extra}
 
 
@@ -96,19 +139,11 @@ class Streamed:
 
 
 def token_ids_of(chunk: Mapping[str, Any]) -> list[int] | None:
-    """The token ids a chunk carries (``logprobs.content[*].token`` = ``token_id:N``), or None without logprobs."""
+    """The token ids a chunk carries (each ``logprobs.content`` entry's, :func:`token_id`), or None without
+    logprobs."""
     choices = chunk.get("choices") or []
     content = ((choices[0].get("logprobs") or {}).get("content") if choices else None)
-    if content is None:
-        return None
-    ids = []
-    for item in content:
-        token = str(item.get("token", ""))
-        if not token.startswith("token_id:"):
-            raise ServerError(f"the server returned token {token!r}, not 'token_id:N': it ignores "
-                              f"return_tokens_as_token_ids (a vLLM option)")
-        ids.append(int(token.removeprefix("token_id:")))
-    return ids
+    return None if content is None else [token_id(item) for item in content]
 
 
 def stats_of(chunk: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -177,28 +212,42 @@ def _take(reading: _Reading, line: str, now: float) -> None:
     reading.add(chunk, now)
 
 
+# A request whose connection failed before any answer (aiohttp reused a kept-alive connection the server had just
+# closed: llama.cpp's server closes one after a few requests, and the POST then fails with "Can not write request
+# body") is sent once more on a new connection; its times start from that second send. A failure after an answer is
+# never retried. Seen on 2026-12-07: 3 of 12 requests of a run against llama-server failed this way.
+
+
 async def stream_one(session, url: str, sampling: Sampling, request: ChatRequest, t0: float, timeout_s: float,
                      headers: Mapping[str, str]) -> Streamed:
-    """POST one streamed chat completion and read it to its end (or its timeout)."""
+    """POST one streamed chat completion and read it to its end (or its timeout); retried once on a connection
+    that failed before any answer (the comment above)."""
     import aiohttp
 
-    sent = time.monotonic() - t0
-    reading = _Reading()
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=sampling.body(request), headers=dict(headers)) as resp:
-                if resp.status != 200:
-                    detail = (await resp.text())[:300].replace("\n", " ")
-                    raise ServerError(f"HTTP {resp.status}: {detail}")
-                async for raw in resp.content:
-                    _take(reading, raw.decode("utf-8", "replace"), time.monotonic() - t0)
-        if not reading.done:
-            raise ServerError("the stream ended without [DONE] (the server dropped it)")
-        status, error = "ok", None
-    except TimeoutError:
-        status, error = "error", f"timed out after {timeout_s:g} s"
-    except (ServerError, aiohttp.ClientError, OSError) as exc:
-        status, error = "error", f"{type(exc).__name__}: {exc}"
+    for attempt in range(2):
+        sent = time.monotonic() - t0
+        reading, answered = _Reading(), False
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with session.post(url, json=sampling.body(request), headers=dict(headers)) as resp:
+                    answered = True
+                    if resp.status != 200:
+                        detail = (await resp.text())[:300].replace("\n", " ")
+                        raise ServerError(f"HTTP {resp.status}: {detail}")
+                    async for raw in resp.content:
+                        _take(reading, raw.decode("utf-8", "replace"), time.monotonic() - t0)
+            if not reading.done:
+                raise ServerError("the stream ended without [DONE] (the server dropped it)")
+            status, error = "ok", None
+        except TimeoutError:
+            status, error = "error", f"timed out after {timeout_s:g} s"
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+            if not answered and attempt == 0:
+                continue  # a stale kept-alive connection (the comment above stream_one)
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        except (ServerError, aiohttp.ClientError, OSError) as exc:
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        break
     return Streamed(request.index, status, error, reading.finish, "".join(reading.text),
                     tuple(reading.ids) if reading.ids is not None else None, sent, tuple(reading.deliveries),
                     (reading.usage or {}).get("completion_tokens"), (reading.usage or {}).get("prompt_tokens"),

@@ -4,7 +4,9 @@ know which tokens went in and came out. No model here.
 A prompt goes as a list of token ids (vLLM takes ``prompt: [int, ...]``: no chat template, no re-tokenising), and
 the emitted tokens come back as ids: ``logprobs: 0`` with vLLM's ``return_tokens_as_token_ids`` makes each entry of
 ``choices[0].logprobs.tokens`` read ``token_id:N``, beside the sampled token's log-probability under the server's
-own logits (``token_logprobs``). Sampling is T = 1 unless asked otherwise, every filter and penalty sent switched off
+own logits (``token_logprobs``). A llama.cpp server (dialect ``llama.cpp``) is asked on its native ``POST
+/completion`` with ``return_tokens``: its OpenAI endpoints give no id for the tokens of a speculative step, while
+``tokens`` there holds every emitted id (no log-probabilities: they would be missing for those tokens as well). Sampling is T = 1 unless asked otherwise, every filter and penalty sent switched off
 (a server left to choose applies its model's generation config), and a per-request ``seed``; the response is not
 streamed (what a check needs arrives at the end: vLLM's per-request speculative statistics ``metrics`` included).
 
@@ -25,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from dspark_bench.engines.http.client import ServerError, stats_of
+from dspark_bench.engines.http.client import LLAMA_CPP_OFF, ServerError, id_fields, stats_of, token_id
 
 
 @dataclass(frozen=True)
@@ -44,36 +46,69 @@ class Completion:
         return self.error is None
 
 
-def completion_body(model: str, prompt: Sequence[int], seed: int, max_tokens: int,
-                    temperature: float = 1.0) -> dict[str, Any]:
-    """The request body: token-id prompt, sampling with every filter and penalty off, ids and logprobs back."""
+def completion_body(model: str, prompt: Sequence[int], seed: int, max_tokens: int, temperature: float = 1.0,
+                    dialect: str = "openai") -> dict[str, Any]:
+    """The request body: token-id prompt, sampling with every filter and penalty off (llama.cpp's own samplers
+    too, for a llama.cpp server), ids and logprobs back in the server's ``dialect``."""
     return {"model": model, "prompt": [int(t) for t in prompt], "max_tokens": max_tokens,
             "temperature": temperature, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
             "frequency_penalty": 0.0, "repetition_penalty": 1.0, "seed": seed, "n": 1, "stream": False,
-            "logprobs": 0, "return_tokens_as_token_ids": True}
+            **(LLAMA_CPP_OFF if dialect == "llama.cpp" else {}), **id_fields(dialect, chat=False)}
 
 
 def parse_completion(body: Mapping[str, Any]) -> Completion:
-    """A ``text_completion`` response as a :class:`Completion`; a ServerError when it holds no token ids."""
+    """A ``text_completion`` response as a :class:`Completion`; a ServerError when it holds no token ids. The ids
+    come from ``logprobs.tokens`` (vLLM: ``token_id:N``, with ``token_logprobs``) or ``logprobs.content`` (llama.cpp:
+    each entry's ``id`` and ``logprob``)."""
     choices = body.get("choices") or []
     if not choices:
         raise ServerError(f"the server's completion has no choices: {json.dumps(body)[:200]}")
     logprobs = choices[0].get("logprobs") or {}
-    tokens = logprobs.get("tokens")
-    if tokens is None:
-        raise ServerError("the server returned no logprobs.tokens: without them its emitted token ids are unknown "
-                          "(an OpenAI-compatible server that honours logprobs and vLLM's return_tokens_as_token_ids "
-                          "is needed)")
-    bad = [t for t in tokens if not str(t).startswith("token_id:")]
-    if bad:
-        raise ServerError(f"the server returned token {bad[0]!r}, not 'token_id:N': it ignores "
-                          "return_tokens_as_token_ids (a vLLM option), so its emitted token ids are unknown")
-    ids = tuple(int(str(t).removeprefix("token_id:")) for t in tokens)
-    values = list(logprobs.get("token_logprobs") or [None] * len(ids))
+    tokens, content = logprobs.get("tokens"), logprobs.get("content")
+    if tokens is None and content is None:
+        raise ServerError("the server returned no logprobs.tokens or logprobs.content: without them its emitted token "
+                          "ids are unknown (an OpenAI-compatible server that honours logprobs and vLLM's "
+                          "return_tokens_as_token_ids, or llama.cpp's server, is needed)")
+    if tokens is not None:
+        bad = [t for t in tokens if not str(t).startswith("token_id:")]
+        if bad:
+            raise ServerError(f"the server returned token {bad[0]!r}, not 'token_id:N': it ignores "
+                              "return_tokens_as_token_ids (a vLLM option), so its emitted token ids are unknown")
+        ids = tuple(int(str(t).removeprefix("token_id:")) for t in tokens)
+        values = list(logprobs.get("token_logprobs") or [None] * len(ids))
+    else:
+        ids = tuple(token_id(item) for item in content)
+        values = [item.get("logprob") for item in content]
     completion_tokens = (body.get("usage") or {}).get("completion_tokens")
     if completion_tokens is not None and completion_tokens != len(ids):
         raise ServerError(f"the server counts {completion_tokens} completion tokens but returned {len(ids)} ids")
     return Completion(ids, tuple(None if v is None else float(v) for v in values), choices[0].get("finish_reason"),
+                      stats_of(body))
+
+
+def native_body(prompt: Sequence[int], seed: int, max_tokens: int, temperature: float = 1.0) -> dict[str, Any]:
+    """llama.cpp's ``/completion`` body: the same sampling as :func:`completion_body` in its own names, every
+    emitted id back, the prompt cache off (each request is computed from its prompt alone)."""
+    return {"prompt": [int(t) for t in prompt], "n_predict": max_tokens, "temperature": temperature, "top_p": 1.0,
+            "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, **LLAMA_CPP_OFF,
+            "seed": seed, "stream": False, "return_tokens": True, "cache_prompt": False}
+
+
+_STOPS = {"eos": "stop", "word": "stop", "limit": "length"}  # llama.cpp's stop_type as OpenAI's finish_reason
+
+
+def parse_native(body: Mapping[str, Any]) -> Completion:
+    """A llama.cpp ``/completion`` response as a :class:`Completion` (ids from ``tokens``, statistics from
+    ``timings``); a ServerError when it holds no ids or fewer than it says it predicted."""
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list):
+        raise ServerError("the llama.cpp server returned no 'tokens' (it ignores return_tokens: too old a build)")
+    predicted = body.get("tokens_predicted")
+    stop = body.get("stop_type")
+    # the end-of-sequence token counts as predicted but is not among the ids
+    if predicted is not None and predicted != len(tokens) and not (stop == "eos" and predicted == len(tokens) + 1):
+        raise ServerError(f"the server counts {predicted} predicted tokens but returned {len(tokens)} ids")
+    return Completion(tuple(int(t) for t in tokens), (None,) * len(tokens), _STOPS.get(stop, stop),
                       stats_of(body))
 
 
@@ -111,13 +146,18 @@ class Completions:
     headers: Mapping[str, str]
     timeout_s: float = 300.0
     concurrency: int = 8  # requests in flight: the server batches them
+    dialect: str = "openai"  # how token ids are asked for (client.dialect_of)
 
     def one(self, prompt: Sequence[int], seed: int, max_tokens: int) -> Completion:
         """One completion; ServerError (or OSError: unreachable, timed out) when it fails."""
-        text = fetch(self.base_url.rstrip("/") + "/completions", self.headers, self.timeout_s,
-                     completion_body(self.model, prompt, seed, max_tokens))
+        if self.dialect == "llama.cpp":
+            root = self.base_url.rstrip("/").removesuffix("/v1")
+            text = fetch(root + "/completion", self.headers, self.timeout_s, native_body(prompt, seed, max_tokens))
+        else:
+            text = fetch(self.base_url.rstrip("/") + "/completions", self.headers, self.timeout_s,
+                         completion_body(self.model, prompt, seed, max_tokens, dialect=self.dialect))
         try:
-            return parse_completion(json.loads(text))
+            return (parse_native if self.dialect == "llama.cpp" else parse_completion)(json.loads(text))
         except json.JSONDecodeError:
             raise ServerError(f"the server's completion is not JSON: {text[:200]!r}") from None
 

@@ -37,7 +37,14 @@ from dspark_bench.engines.base import (
     load_facts,
     register_engine,
 )
-from dspark_bench.engines.http.client import ChatRequest, Sampling, ServerError, Streamed, stream_all
+from dspark_bench.engines.http.client import (
+    ChatRequest,
+    Sampling,
+    ServerError,
+    Streamed,
+    dialect_of,
+    stream_all,
+)
 from dspark_bench.engines.http.completions import api_key_headers
 from dspark_bench.engines.http.prometheus import spec_counters
 from dspark_bench.engines.http.spec import rounds_from_stats, totals_from_stats, totals_summary
@@ -59,6 +66,19 @@ def _get(url: str, headers: dict[str, str], timeout_s: float = 10.0) -> str:
 def server_root(base_url: str) -> str:
     """``http://host:port`` of ``http://host:port/v1`` (where ``/metrics`` and ``/version`` live)."""
     return base_url.rstrip("/").removesuffix("/v1")
+
+
+def server_version(base_url: str, headers: dict[str, str]) -> str | None:
+    """What the server says its version is: ``/version``'s ``version`` (vLLM, SGLang), else ``/props``'s
+    ``build_info`` as ``llama.cpp BUILD`` (llama.cpp's server has no ``/version``); None when neither answers."""
+    for path, key, prefix in (("/version", "version", ""), ("/props", "build_info", "llama.cpp ")):
+        try:
+            value = json.loads(_get(server_root(base_url) + path, headers)).get(key)
+        except (urllib.error.URLError, OSError, json.JSONDecodeError, AttributeError):
+            continue
+        if value:
+            return f"{prefix}{value}"
+    return None
 
 
 @register_engine
@@ -97,8 +117,8 @@ class OpenAIEngine(Engine):
         if model not in served:
             raise EngineError(f"{base}/models serves {', '.join(map(str, served)) or 'no model'}; --model {model!r} "
                               f"is not among them")
-        self.model = model
-        say(f"server {base}: model {model}")
+        self.model, self.dialect = model, dialect_of(self.models)
+        say(f"server {base}: model {model} ({self.dialect} dialect)")
         return spec
 
     def _models(self, base: str) -> list[dict[str, Any]]:
@@ -116,10 +136,8 @@ class OpenAIEngine(Engine):
             return None
 
     def _version(self) -> str | None:
-        try:
-            return json.loads(_get(server_root(self.options.base_url) + "/version", self.headers())).get("version")
-        except (urllib.error.URLError, OSError, json.JSONDecodeError, AttributeError):
-            return None
+        """``/version`` (vLLM, SGLang), else llama.cpp's build from ``/props``; None when neither says."""
+        return server_version(self.options.base_url, self.headers())
 
     def run(self, spec: RunSpec, prompts: Sequence[Prompt], folder: Path,
             on_record: Callable[[RequestRecord], None], say: Callable[[str], None]) -> dict:
@@ -127,14 +145,16 @@ class OpenAIEngine(Engine):
         arrivals = _schedule(spec, len(prompts))
         requests = [ChatRequest(i, p.text, spec.seed + p.index, arrivals[i]) for i, p in enumerate(prompts)]
         sampling = Sampling(self.model, spec.max_new_tokens, spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-                            min_p=spec.min_p)
+                            min_p=spec.min_p, dialect=self.dialect)
         cap = spec.max_concurrency if spec.request_rate is not None else spec.concurrency
         manifest = self._manifest(spec, prompts, label)
         records: list[RequestRecord] = []
         headers, base = self.headers(), self.options.base_url
+        manifest["engine"]["token_ids"] = ids_seen = {"complete": 0, "dropped": 0, "none": 0}
         with RunWriter(folder, manifest) as writer:
 
             def done(out: Streamed) -> None:
+                ids_seen[ids_state(out)] += 1
                 rec = to_record(out, prompts[out.index], label, spec, arrivals[out.index])
                 writer.add(rec)
                 records.append(rec)
@@ -158,6 +178,12 @@ class OpenAIEngine(Engine):
                   else "counters" if delta else "none")
         manifest["engine"].update(counter_delta=delta, metric_source=source,
                                   finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        seen = manifest["engine"].get("token_ids") or {}
+        if seen.get("dropped"):
+            manifest["engine"]["token_ids_note"] = (
+                f"{seen['dropped']} requests returned fewer token ids than their usage counts (llama.cpp, for one, "
+                "gives no id for the tokens of a speculative step); their ids were dropped and their token counts "
+                "are the server's usage")
         manifest["finished"] = manifest["engine"]["finished"]
         write_json(folder / "manifest.json", manifest)
         summary = summarize(records, spec.block_size)
@@ -178,7 +204,7 @@ class OpenAIEngine(Engine):
             "args": {**dataclasses.asdict(spec), "engine": self.name},
             "target": {"name": spec.target, "dtype": spec.dtype, "device": "server"},
             "engine": {"name": self.name, "base_url": self.options.base_url, "model": self.model,
-                       "models": self.models, "version": self._version(), "label": label,
+                       "models": self.models, "dialect": self.dialect, "version": self._version(), "label": label,
                        "api_key_env": self.options.api_key_env,
                        "arrivals": load_facts(spec)},
             "drafters": {label: {"config": {"server": self.options.base_url}, "scheduler_options": {}}},
@@ -194,9 +220,27 @@ def _schedule(spec: RunSpec, n: int) -> tuple[float, ...]:
     return arrivals.times(n) if arrivals else (0.0,) * n
 
 
+def complete_ids(out: Streamed) -> tuple[int, ...] | None:
+    """The response's token ids when they are all of its output tokens, else None. The server's usage count is the
+    judge: vLLM returns every token's id; llama.cpp returns an id only beside a text delta, and sends no
+    probabilities (so no id) for the tokens of a speculative step, nor a delta for the end-of-sequence token (so a
+    request that stopped may lack exactly that one, which carries no output). Ids with others missing would
+    misplace every later token, so they are dropped and the usage count stands alone."""
+    ids, count = tuple(out.token_ids or ()), out.completion_tokens
+    if count is None or len(ids) == count or (out.finish == "stop" and len(ids) == count - 1):
+        return ids
+    return None
+
+
+def ids_state(out: Streamed) -> str:
+    """``complete``, ``dropped`` (:func:`complete_ids`) or ``none`` (the server returned no ids)."""
+    return "none" if out.token_ids is None else "complete" if complete_ids(out) is not None else "dropped"
+
+
 def to_record(out: Streamed, prompt: Prompt, label: str, spec: RunSpec, arrival_s: float) -> RequestRecord:
     """One response as a record (see the module docstring for what each time means)."""
-    ids = tuple(out.token_ids or ())
+    known = complete_ids(out)
+    ids = known or ()
     n = len(ids) or (out.completion_tokens or 0)
     rounds, _ = rounds_from_stats(out.server_stats, n) if out.status == "ok" else (None, "none")
     totals = totals_from_stats(out.server_stats, n) if out.status == "ok" and rounds is None else None
@@ -212,7 +256,8 @@ def to_record(out: Streamed, prompt: Prompt, label: str, spec: RunSpec, arrival_
         decode_s=(last - first) if ok else 0.0,
         error=None if ok else (out.error or "no output"),
         arrival_s=arrival_s, queue_s=max(out.sent_s - arrival_s, 0.0), itl_s=gaps,
-        e2el_s=(last - arrival_s) if last is not None else None, spec_totals=totals)
+        e2el_s=(last - arrival_s) if last is not None else None, spec_totals=totals,
+        output_tokens=n if known is None and ok else None)
 
 
 def counter_summary(delta: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -7,7 +7,8 @@ The most exact source a server offers wins, and the manifest names it:
   (:func:`~dspark_bench.engines.vllm.llm.rounds_from_steps`);
 * per-request totals, not steps (:func:`totals_from_stats`): ``sglang-meta-info`` (SGLang's ``meta_info``:
   ``spec_verify_ct`` verify steps, ``spec_accept_token_num`` / ``spec_draft_token_num`` where its version gives
-  them), ``llama.cpp-timings`` (``timings.draft_n`` / ``draft_n_accepted``) and ``vllm-summary`` (vLLM's
+  them), ``llama.cpp-timings`` (``timings.draft_n`` / ``draft_n_accepted``, left out by llama.cpp where a request
+  drafted nothing: 0) and ``vllm-summary`` (vLLM's
   ``--per-request-spec-decode-metrics`` without ``detailed``). They give each request's τ and acceptance rate but
   not rounds: spreading totals over steps would invent the per-position acceptance our metrics report;
 * ``none``: nothing per request; the run's τ then comes from the server's counters around the run
@@ -53,13 +54,16 @@ def drafted_tokens(stats: Mapping[str, Any] | None, n_output: int) -> int | None
     """Output tokens of one request committed by steps that verified a draft, or None when the statistics do not
     say. From vLLM's ordered step counts when present, else from its per-request summary (``num_spec_steps``
     steps, each committing its accepted drafts and one more token); at most ``n_output - 1`` (the first token is
-    prefill's; tokens a last step accepted past ``max_tokens`` were dropped)."""
+    prefill's; tokens a last step accepted past ``max_tokens`` were dropped). From llama.cpp's timings, a lower
+    bound: its accepted draft tokens (each verifying step commits one more token of the target's, and llama.cpp
+    does not say how many steps verified), so a check that needs this many never overstates its power."""
     rounds, _ = rounds_from_stats(stats, n_output)
     if rounds is not None:
         return sum(r[3] for r in rounds if r[1] > 0)
     summary = _find(stats, "num_spec_steps") if stats else None
     if summary is None or "num_accepted_draft_tokens" not in summary:
-        return None
+        totals = totals_from_stats(stats, n_output)
+        return totals[2] if totals is not None and totals[0] == "llama.cpp-timings" else None
     return min(int(summary["num_spec_steps"]) + int(summary["num_accepted_draft_tokens"]), max(n_output - 1, 0))
 
 
@@ -88,9 +92,9 @@ def totals_from_stats(stats: Mapping[str, Any] | None, n_output: int) -> Totals 
             accepted = cap - _int(meta["spec_verify_ct"])
         return "sglang-meta-info", n_output, min(max(accepted, 0), cap), _int(meta.get("spec_draft_token_num"))
     timings = stats.get("timings")
-    if isinstance(timings, Mapping) and _int(timings.get("draft_n")) is not None:
+    if isinstance(timings, Mapping) and ("draft_n" in timings or "predicted_n" in timings):  # draft_n: if it drafted
         accepted = _int(timings.get("draft_n_accepted")) or 0
-        return "llama.cpp-timings", n_output, min(max(accepted, 0), cap), _int(timings["draft_n"])
+        return "llama.cpp-timings", n_output, min(max(accepted, 0), cap), _int(timings.get("draft_n")) or 0
     summary = _find(stats, "num_spec_steps")
     if summary is not None and _int(summary.get("num_accepted_draft_tokens")) is not None:
         accepted = _int(summary["num_accepted_draft_tokens"])
