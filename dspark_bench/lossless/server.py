@@ -53,8 +53,8 @@ from typing import Any
 import torch
 
 from dspark_bench.engines.http.client import ServerError, dialect_of
-from dspark_bench.engines.http.completions import Completion, Completions, api_key_headers, fetch
-from dspark_bench.engines.http.engine import server_root, server_version
+from dspark_bench.engines.http.completions import Completion, Completions, api_key_headers, fetch, server_root
+from dspark_bench.engines.http.engine import server_version
 from dspark_bench.engines.http.prometheus import spec_counters
 from dspark_bench.engines.http.spec import drafted_tokens, rounds_from_stats
 from dspark_bench.engines.vllm.llm import counter_delta

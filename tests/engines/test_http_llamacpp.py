@@ -184,3 +184,12 @@ def test_a_recorded_llamacpp_stream_lacks_the_ids_of_speculative_tokens():
     assert complete_ids(out) is None  # dropped: the ids that came would sit at the wrong positions
     source, n, accepted, drafted = totals_from_stats(reading.stats, 64)
     assert (source, n, accepted, drafted) == ("llama.cpp-timings", 64, 11, 50)
+
+
+def test_the_check_opens_a_llamacpp_server_in_its_dialect():
+    from dspark_bench.lossless.server import ServerOptions, open_server
+
+    with LlamaCppServer() as server:
+        client, facts, _ = open_server(ServerOptions(f"http://127.0.0.1:{server.port}/v1"))
+    assert client.dialect == "llama.cpp" and client.model == "smol-f32.gguf"
+    assert facts["dialect"] == "llama.cpp" and facts["version"] == "llama.cpp b1-0c1e570"

@@ -6,9 +6,9 @@ the emitted tokens come back as ids: ``logprobs: 0`` with vLLM's ``return_tokens
 ``choices[0].logprobs.tokens`` read ``token_id:N``, beside the sampled token's log-probability under the server's
 own logits (``token_logprobs``). A llama.cpp server (dialect ``llama.cpp``) is asked on its native ``POST
 /completion`` with ``return_tokens``: its OpenAI endpoints give no id for the tokens of a speculative step, while
-``tokens`` there holds every emitted id (no log-probabilities: they would be missing for those tokens as well). Sampling is T = 1 unless asked otherwise, every filter and penalty sent switched off
-(a server left to choose applies its model's generation config), and a per-request ``seed``; the response is not
-streamed (what a check needs arrives at the end: vLLM's per-request speculative statistics ``metrics`` included).
+``tokens`` there holds every emitted id (no log-probabilities: they would be missing for those tokens as well).
+Sampling is T = 1 unless asked otherwise, every filter and penalty sent switched off (a server left to choose
+applies its model's generation config), and a per-request ``seed``; the response is not streamed (what a check needs arrives at the end: vLLM's per-request speculative statistics ``metrics`` included).
 
 Every request has a timeout. A server that is down, refuses, or returns text where ids were asked for is a
 :class:`~dspark_bench.engines.http.client.ServerError` from :func:`parse_completion` / :meth:`Completions.one`,
@@ -112,6 +112,12 @@ def parse_native(body: Mapping[str, Any]) -> Completion:
                       stats_of(body))
 
 
+def server_root(base_url: str) -> str:
+    """``http://host:port`` of ``http://host:port/v1`` (where ``/metrics``, ``/version`` and llama.cpp's native
+    endpoints live)."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
 def fetch(url: str, headers: Mapping[str, str], timeout_s: float, body: Mapping[str, Any] | None = None) -> str:
     """GET (or POST ``body`` as JSON) ``url``; the response text. HTTP errors raise ServerError with the server's
     words; an unreachable server raises ``OSError``."""
@@ -151,8 +157,7 @@ class Completions:
     def one(self, prompt: Sequence[int], seed: int, max_tokens: int) -> Completion:
         """One completion; ServerError (or OSError: unreachable, timed out) when it fails."""
         if self.dialect == "llama.cpp":
-            root = self.base_url.rstrip("/").removesuffix("/v1")
-            text = fetch(root + "/completion", self.headers, self.timeout_s, native_body(prompt, seed, max_tokens))
+            text = fetch(server_root(self.base_url) + "/completion", self.headers, self.timeout_s, native_body(prompt, seed, max_tokens))
         else:
             text = fetch(self.base_url.rstrip("/") + "/completions", self.headers, self.timeout_s,
                          completion_body(self.model, prompt, seed, max_tokens, dialect=self.dialect))

@@ -45,7 +45,7 @@ from dspark_bench.engines.http.client import (
     dialect_of,
     stream_all,
 )
-from dspark_bench.engines.http.completions import api_key_headers
+from dspark_bench.engines.http.completions import api_key_headers, server_root
 from dspark_bench.engines.http.prometheus import spec_counters
 from dspark_bench.engines.http.spec import rounds_from_stats, totals_from_stats, totals_summary
 from dspark_bench.engines.vllm.llm import counter_delta
@@ -61,11 +61,6 @@ def _get(url: str, headers: dict[str, str], timeout_s: float = 10.0) -> str:
     req = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (a URL the user gave)
         return resp.read().decode("utf-8", "replace")
-
-
-def server_root(base_url: str) -> str:
-    """``http://host:port`` of ``http://host:port/v1`` (where ``/metrics`` and ``/version`` live)."""
-    return base_url.rstrip("/").removesuffix("/v1")
 
 
 def server_version(base_url: str, headers: dict[str, str]) -> str | None:
