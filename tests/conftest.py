@@ -15,8 +15,10 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHARPEN = 6.0
 
 
-def tiny_target(arch: str = "llama", seed: int = 0, vocab: int = 96, layers: int = 6, dtype=torch.float32) -> Target:
-    """A random-weight Llama- or Qwen3-style causal LM (hidden 64, 4 heads, 2 KV heads) wrapped as a Target."""
+def tiny_target(arch: str = "llama", seed: int = 0, vocab: int = 96, layers: int = 6, dtype=torch.float32,
+                forward_path: str = "auto") -> Target:
+    """A random-weight Llama- or Qwen3-style causal LM (hidden 64, 4 heads, 2 KV heads) wrapped as a Target; both run
+    the fast forward unless ``forward_path`` says ``hf``."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     common = dict(
@@ -35,7 +37,7 @@ def tiny_target(arch: str = "llama", seed: int = 0, vocab: int = 96, layers: int
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(SHARPEN)
     model.config._attn_implementation = "sdpa"
-    return Target(model.to(dtype), tokenizer=None, name=f"tiny-{arch}-{seed}")
+    return Target(model.to(dtype), tokenizer=None, name=f"tiny-{arch}-{seed}", forward_path=forward_path)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""A lean forward for Llama-family targets, on the same batched cache as the Hugging Face path.
+"""A lean forward for Llama-family targets (Llama, Mistral, Qwen2, Qwen3), on the same batched cache as the Hugging
+Face path.
 
 Why: at SmolLM2-135M's size a decode step on the CPU is a few hundred small kernels, and transformers spends a
 good part of it between them (module calls, output capture, mask building, three projections where one would do).
@@ -51,24 +52,30 @@ _ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # static inverse frequenc
 
 @dataclass(frozen=True)
 class Arch:
-    """What differs between the Llama-family models this path runs, decided once from the config. Only ``llama``
-    so far, which needs no flag. The extension point: Qwen3 adds a flag for its RMSNorm over each query and key head
-    before RoPE (two more weights in :class:`Layer`, read in :meth:`FastForward.block`), Gemma flags for its (1 + w)
-    norms, scaled embedding, GELU MLP and post-norms; :func:`arch_of` returns them for those model types once tests
-    hold them to the HF path."""
+    """What differs between the Llama-family models this path runs, decided once from the config. Llama, Mistral
+    (without a sliding window) and Qwen2 are the same decoder here (Qwen2's Q/K/V biases are fused like any other
+    bias); Qwen3 adds an RMSNorm over each query and key head before RoPE (``qk_norm``: two more weights in
+    :class:`Layer`, read in :meth:`FastForward.block`). Gemma's (1 + w) norms, scaled embedding, GELU MLP and
+    post-norms would be more flags; its sliding-window layers keep it on the HF path in any case (``full_causal``)."""
 
     family: str
+    qk_norm: bool = False
+
+
+FAMILIES = {"llama": Arch("llama"), "mistral": Arch("mistral"), "qwen2": Arch("qwen2"),
+            "qwen3": Arch("qwen3", qk_norm=True)}  # model_type -> what this path runs for it
 
 
 def arch_of(config) -> Arch | None:
     """The :class:`Arch` of a config this path runs exactly, else None (the HF path runs it). Full causal
     attention in every layer is the caller's check (``model.full_causal``)."""
     rope = getattr(config, "rope_parameters", None) or {}
-    if getattr(config, "model_type", None) != "llama" or getattr(config, "hidden_act", None) != "silu":
+    arch = FAMILIES.get(getattr(config, "model_type", None))
+    if arch is None or getattr(config, "hidden_act", None) != "silu":
         return None
     if rope.get("rope_type", "default") not in _ROPE_TYPES:  # dynamic / longrope change with the sequence length
         return None
-    return Arch("llama")
+    return arch
 
 
 def onednn_packs(dtype: torch.dtype, device: torch.device) -> bool:
@@ -114,6 +121,7 @@ class Layer:
     mlp_norm: torch.Tensor  # [d]
     gate_up: Linear  # [2 I, d]: gate rows, then up rows
     down: Linear  # [d, I]
+    qk_norm: torch.Tensor | None = None  # [Hq + Hkv, D]: Qwen3's per-head query norm weight Hq times, key's Hkv times
 
 
 class LayerKV:
@@ -199,9 +207,9 @@ def _share(linears, fused: torch.Tensor | None, name: str) -> None:
         start += n
 
 
-def fused_layer(layer, packed: bool) -> Layer:
-    """A :class:`Layer` from a transformers Llama decoder layer (whose projections then view it); ``packed``: its
-    projections also held packed (:class:`Linear`)."""
+def fused_layer(layer, packed: bool, arch: Arch) -> Layer:
+    """A :class:`Layer` from a transformers decoder layer of a family :func:`arch_of` names (whose projections then
+    view it); ``packed``: its projections also held packed (:class:`Linear`)."""
     attn, mlp = layer.self_attn, layer.mlp
     qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
     wqkv, bqkv = fuse(*(m.weight for m in qkv)), fuse(*(m.bias for m in qkv))
@@ -209,9 +217,15 @@ def fused_layer(layer, packed: bool) -> Layer:
     for linears, w, b in ((qkv, wqkv, bqkv), (gate_up, w13, b13)):
         _share(linears, w, "weight")
         _share(linears, b, "bias")
+    qk_norm = None
+    if arch.qk_norm:
+        head_dim = attn.q_norm.weight.shape[0]
+        heads = attn.q_proj.weight.shape[0] // head_dim, attn.k_proj.weight.shape[0] // head_dim
+        qk_norm = torch.cat([attn.q_norm.weight.expand(heads[0], head_dim),
+                             attn.k_norm.weight.expand(heads[1], head_dim)])
     return Layer(layer.input_layernorm.weight, Linear(wqkv, bqkv, packed),
                  Linear(attn.o_proj.weight, attn.o_proj.bias, packed), layer.post_attention_layernorm.weight,
-                 Linear(w13, b13, packed), Linear(mlp.down_proj.weight, mlp.down_proj.bias, packed))
+                 Linear(w13, b13, packed), Linear(mlp.down_proj.weight, mlp.down_proj.bias, packed), qk_norm)
 
 
 def rope_table(model, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,6 +244,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rounding is no rounding)."""
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3's RMSNorm over each head: x [R, L, H, D] normalised over D (in fp32, rounded to x's dtype), then scaled
+    by weight [H, D] (each head's own row), as HF's ``q_norm`` and ``k_norm`` do it to the query and key heads."""
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
@@ -274,7 +294,7 @@ def packed_bias(bias: torch.Tensor | None, groups: int) -> torch.Tensor | None:
 
 
 class FastForward:
-    """The decoder stack of a transformers Llama model, run lean (module docstring), and its LM head (``head``,
+    """The decoder stack of a transformers model of a family :func:`arch_of` names, run lean (module docstring), and its LM head (``head``,
     which Target's ``lm_head`` calls). ``pack``: hold the weights packed too where oneDNN takes them (:class:`Linear`);
     ``linear``: how the projections multiply (``onednn-packed`` or ``torch``), for the manifest."""
 
@@ -289,7 +309,7 @@ class FastForward:
         self.final_norm = model.model.norm.weight  # [d]
         packed = pack and onednn_packs(self.embed.dtype, self.embed.device)
         self.linear = "onednn-packed" if packed else "torch"
-        self.layers = [fused_layer(layer, packed) for layer in model.model.layers]
+        self.layers = [fused_layer(layer, packed, arch) for layer in model.model.layers]
         head = model.get_output_embeddings()
         self.head = Linear(head.weight, head.bias, packed)
         self.cos, self.sin = rope_table(model, int(config.max_position_embeddings))  # [P, D] each
@@ -349,7 +369,10 @@ class FastForward:
         r, n, _ = x.shape
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         qkv = w.qkv(rms_norm(x, w.attn_norm, self.eps)).view(r, n, hq + 2 * hkv, d)
-        qk = rope(qkv[:, :, : hq + hkv], cos, sin)  # [R, L, Hq + Hkv, D]
+        qk = qkv[:, :, : hq + hkv]
+        if w.qk_norm is not None:
+            qk = head_norm(qk, w.qk_norm, self.eps)
+        qk = rope(qk, cos, sin)  # [R, L, Hq + Hkv, D]
         if spans is None:
             k, v = kv.append(qk[:, :, hq:].transpose(1, 2), qkv[:, :, hq + hkv :].transpose(1, 2))  # [R, Hkv, S, D]
             x = x + w.o(attention(qk[:, :, :hq], k, v, attend, self.scale))

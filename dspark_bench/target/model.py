@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from dspark_bench.target.allocator import host_allocator
-from dspark_bench.target.fast import Attend, FastForward, arch_of
+from dspark_bench.target.fast import FAMILIES, Attend, FastForward, arch_of
 
 log = logging.getLogger(__name__)
 
@@ -247,8 +247,8 @@ def resolve_forward_path(name: str, config) -> str:
         raise TargetError(f"unknown forward path {name!r}; accepted: {', '.join(FORWARD_PATHS)}")
     runs = arch_of(config) is not None and full_causal(config)
     if name.startswith("fast") and not runs:
-        raise TargetError(f"forward path {name!r} runs Llama-architecture targets with full attention, not "
-                          f"{getattr(config, 'model_type', '?')!r} (this config); use 'hf' or 'auto'")
+        raise TargetError(f"forward path {name!r} runs {', '.join(FAMILIES)} targets with SiLU and full attention "
+                          f"in every layer, not this {getattr(config, 'model_type', '?')!r} config; use 'hf' or 'auto'")
     return name if name != "auto" else ("fast" if runs else "hf")
 
 

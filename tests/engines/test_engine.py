@@ -24,12 +24,13 @@ def _run(target, name, reqs, **cfg):
     return {r.request.request_id: r for r in results}
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize(("arch", "path"), [("llama", "auto"), ("qwen3", "auto"), ("qwen3", "hf")])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("name", ["none", "ngram"])
-def test_batched_equals_alone(arch, temperature, name):
-    """R = 4 gives each request the same output as running it alone (fp32, counter-based draws)."""
-    target = tiny_target(arch)
+def test_batched_equals_alone(arch, path, temperature, name):
+    """R = 4 gives each request the same output as running it alone (fp32, counter-based draws), on the fast
+    forward and on transformers' own."""
+    target = tiny_target(arch, forward_path=path)
     reqs = _requests(4)
     together = _run(target, name, reqs, max_new_tokens=40, temperature=temperature, concurrency=4)
     for req in reqs:

@@ -23,19 +23,31 @@ RTOL = 1e-5
 TAPS = (-1, 1, 3)
 
 
-def _llama(seed: int = 0, **extra) -> torch.nn.Module:
-    """A random-weight Llama with grouped-query attention (4 query heads on 2 KV heads), biases where asked."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
+
+def _llama(seed: int = 0, family: str = "llama", **extra) -> torch.nn.Module:
+    """A random-weight model of ``family`` with grouped-query attention (4 query heads on 2 KV heads), biases where
+    the family has them or where asked (Qwen2's Q/K/V biases; Qwen3's per-head query and key norms)."""
+    import transformers
+
+    kinds = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+    config_class = getattr(transformers, f"{kinds[family]}Config")
+    model_class = getattr(transformers, f"{kinds[family]}ForCausalLM")
+    if family != "llama":
+        extra = {"sliding_window": None, "head_dim": 16, **extra}
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=5,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         rope_theta=500.0, eos_token_id=2, bos_token_id=1, pad_token_id=0, **extra)
-    model = LlamaForCausalLM(config).float()
-    with torch.no_grad():  # random norm weights, so that a norm applied with the wrong weight shows
+    config = config_class(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=5,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                          rope_theta=500.0, eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
+                          **extra)
+    model = model_class(config).float()
+    with torch.no_grad():  # random norm weights and biases, so that one applied wrongly or not at all shows
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
     model.config._attn_implementation = "sdpa"
     return model
 
@@ -59,11 +71,15 @@ def _same_step(fast_out, hf_out, lengths=None) -> None:
         _close(f.final, h.final)
 
 
-@pytest.mark.parametrize("extra", [{}, {"attention_bias": True, "mlp_bias": True}])
-def test_rounds_with_holes_compaction_drop_and_merge_match_hf(extra):
+@pytest.mark.parametrize(("family", "extra"), [("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
+                                               *((f, {}) for f in FAMILIES[1:])])
+def test_rounds_with_holes_compaction_drop_and_merge_match_hf(family, extra):
     """Three rows of different prompt lengths (left pads), verify blocks of different lengths with rejections
-    (holes), decode steps, a compaction, a drop and a newcomer merged in: logits and taps agree at every step."""
-    fast, hf = _pair(_llama(**extra))
+    (holes), decode steps, a compaction, a drop and a newcomer merged in: logits and taps agree at every step, for
+    every family the fast path runs."""
+    model = _llama(family=family, **extra)
+    assert Target(model, None, "tiny", forward_path="auto").forward_path == "fast"
+    fast, hf = _pair(model)
     prompts = random_prompts(3, seed=1)
     (fb, fo), (hb, ho) = fast.prefill(prompts, TAPS), hf.prefill(prompts, TAPS)
     _same_step(fo, ho)
@@ -99,10 +115,11 @@ def test_unpadded_rows_take_the_causal_mask_without_a_bias():
         assert fb.mask.all()
 
 
-def test_prompts_prefilled_end_to_end_agree_with_the_hf_path_and_decode_on():
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_prompts_prefilled_end_to_end_agree_with_the_hf_path_and_decode_on(family):
     """The fast path prefills several prompts in one row without pads (lengths 1 to 19 here, one of them twice):
     logits, taps, mask, positions and every later block agree with the HF path's padded prefill."""
-    fast, hf = _pair(_llama(seed=7))
+    fast, hf = _pair(_llama(seed=7, family=family))
     gen = torch.Generator().manual_seed(8)
     prompts = [torch.randint(3, 96, (n,), generator=gen).tolist() for n in (7, 1, 19, 7, 12)]
     (fb, fo), (hb, ho) = fast.prefill(prompts, TAPS), hf.prefill(prompts, TAPS)
@@ -155,8 +172,9 @@ def test_long_blocks_and_padded_prefills_take_the_unpacked_path():
     _same_step(fast.forward_block(fb, ids, lengths, TAPS), hf.forward_block(hb, ids, lengths, TAPS), lengths)
 
 
-def test_greedy_decoding_gives_the_same_tokens_on_both_paths():
-    fast, hf = _pair(_llama(seed=2))
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_decoding_gives_the_same_tokens_on_both_paths(family):
+    fast, hf = _pair(_llama(seed=2, family=family))
     reqs = [Request(i, tuple(p), 100 + i) for i, p in enumerate(random_prompts(4, seed=4))]
     outputs = {}
     for name, target in (("fast", fast), ("hf", hf)):
@@ -191,19 +209,25 @@ def test_decode_steps_append_in_place():
 
 
 def test_forward_path_choice():
-    """auto: fast for Llama with full attention, hf for anything else; fast is refused where it cannot run;
-    an unknown name is refused with the accepted ones."""
-    from transformers import LlamaConfig, MistralConfig, Qwen3Config
+    """auto: fast for the Llama family with full attention, hf for anything else (a sliding window, a rope that
+    changes with the length, another activation or architecture); fast is refused where it cannot run; an unknown
+    name is refused with the accepted ones."""
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     assert resolve_forward_path("auto", LlamaConfig()) == "fast"
     assert resolve_forward_path("hf", LlamaConfig()) == "hf"
-    assert resolve_forward_path("auto", Qwen3Config()) == "hf"
+    assert resolve_forward_path("auto", Qwen3Config()) == "fast" and arch_of(Qwen3Config()).qk_norm
+    assert resolve_forward_path("auto", Qwen2Config()) == "fast" and not arch_of(Qwen2Config()).qk_norm
+    assert resolve_forward_path("auto", MistralConfig(sliding_window=None)) == "fast"
+    assert resolve_forward_path("auto", MistralConfig(sliding_window=4096)) == "hf"
+    assert resolve_forward_path("auto", Qwen3Config(use_sliding_window=True, max_window_layers=1)) == "hf"
     assert resolve_forward_path("auto", LlamaConfig(rope_scaling={"rope_type": "dynamic", "factor": 2.0})) == "hf"
-    assert arch_of(MistralConfig()) is None
-    with pytest.raises(TargetError, match="'fast' runs Llama"):
-        resolve_forward_path("fast", Qwen3Config())
-    with pytest.raises(TargetError, match="'fast-unpacked' runs Llama"):
-        resolve_forward_path("fast-unpacked", Qwen3Config())
+    assert resolve_forward_path("auto", LlamaConfig(hidden_act="gelu")) == "hf"
+    assert arch_of(Gemma2Config()) is None
+    with pytest.raises(TargetError, match="'fast' runs llama, mistral, qwen2, qwen3 targets .* not this 'gemma2'"):
+        resolve_forward_path("fast", Gemma2Config())
+    with pytest.raises(TargetError, match="'fast-unpacked' runs llama"):
+        resolve_forward_path("fast-unpacked", MistralConfig(sliding_window=4096))
     assert resolve_forward_path("fast-unpacked", LlamaConfig()) == "fast-unpacked"
     with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, fast-grouped, hf"):
         resolve_forward_path("turbo", LlamaConfig())
@@ -240,7 +264,7 @@ def test_embedded_target_matches_hf_in_fp32():
     assert outputs[0] == outputs[1] and all(len(o) >= 8 for o in outputs[0].values())
 
 
-@pytest.mark.parametrize(("arch", "path"), [("llama", "fast"), ("qwen3", "hf")])
+@pytest.mark.parametrize(("arch", "path"), [("llama", "fast"), ("qwen3", "fast"), ("qwen3", "hf")])
 def test_manifest_records_the_forward_path_that_ran(tmp_path, monkeypatch, arch, path):
     from conftest import tiny_target
 
@@ -249,7 +273,7 @@ def test_manifest_records_the_forward_path_that_ran(tmp_path, monkeypatch, arch,
     from dspark_bench.evaluation.runs import read_manifest
     from dspark_bench.evaluation.suites import Prompt
 
-    target = tiny_target(arch)
+    target = tiny_target(arch, forward_path="auto" if path == "fast" else path)
     monkeypatch.setattr(target, "render", lambda text: [3 + (ord(c) % 90) for c in text][:12])
     prompts = [Prompt("ds", "custom", "p0", 0, "prompt xyz")]
     Run(RunSpec(target="tiny", drafters=("none",), max_new_tokens=4, warmup=False), target, prompts,
