@@ -46,7 +46,7 @@ import json
 import math
 import time
 import urllib.error
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -360,6 +360,17 @@ def _text(url: str, headers, timeout_s: float = 10.0) -> str | None:
         return None
 
 
+def law_fact(models: Sequence[Mapping[str, Any]], model: str | None) -> str:
+    """lossless.json's ``law``: in which precision the law is computed here, and what the server says of its weights
+    (llama.cpp's ``/v1/models`` gives their type as ``meta.ftype``; vLLM's gives none)."""
+    entry = next((m for m in models if m.get("id") == model), {})
+    ftype = (entry.get("meta") or {}).get("ftype") if isinstance(entry.get("meta"), Mapping) else None
+    said = (f"the server reports weights of type {ftype} (/v1/models meta.ftype)" if ftype
+            else "the server's dtype is not reported by /v1/models")
+    return (f"computed here in {REAL_DTYPE}: exact against a server computing in float32 (vLLM --dtype float32, "
+            f"llama.cpp an F32 GGUF); {said}")
+
+
 def open_server(opts: ServerOptions) -> tuple[Completions, dict[str, Any], str | None]:
     """(client, the server's facts for lossless.json, its /metrics text), refusing an unreachable server or a
     model it does not serve."""
@@ -380,9 +391,7 @@ def open_server(opts: ServerOptions) -> tuple[Completions, dict[str, Any], str |
     version = server_version(base, headers)
     dialect = dialect_of(models)
     facts = {"name": "openai", "base_url": base, "model": model, "models": models, "dialect": dialect,
-             "version": version, "api_key_env": opts.api_key_env,
-             "law": f"computed here in {REAL_DTYPE}: exact against a server computing in float32 (vLLM --dtype "
-                    "float32); the server's dtype is not reported by /v1/models"}
+             "version": version, "api_key_env": opts.api_key_env, "law": law_fact(models, model)}
     client = Completions(base, model, headers, opts.timeout_s, dialect=dialect)
     return client, facts, _text(server_root(base) + "/metrics", headers)
 

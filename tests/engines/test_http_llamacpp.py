@@ -193,3 +193,12 @@ def test_the_check_opens_a_llamacpp_server_in_its_dialect():
         client, facts, _ = open_server(ServerOptions(f"http://127.0.0.1:{server.port}/v1"))
     assert client.dialect == "llama.cpp" and client.model == "smol-f32.gguf"
     assert facts["dialect"] == "llama.cpp" and facts["version"] == "llama.cpp b1-0c1e570"
+    assert "weights of type all F32 (/v1/models meta.ftype)" in facts["law"]
+
+
+def test_the_law_fact_names_what_the_server_says_of_its_weights():
+    from dspark_bench.lossless.server import law_fact
+
+    assert "weights of type Q4_0" in law_fact([{"id": "m", "meta": {"ftype": "Q4_0"}}], "m")
+    assert "not reported" in law_fact([{"id": "m", "meta": {"ftype": "Q4_0"}}], "other")
+    assert "not reported" in law_fact([{"id": "m", "root": "m"}], "m")  # vLLM's entry

@@ -62,6 +62,17 @@ def test_an_injected_fault_is_recorded_among_the_bugs_and_warned_about(monkeypat
     assert "verify-t2" not in facts(())  # a run without the fault does not list it
     lines = warnings_for(report, True)
     assert any("fault 'verify-t2' injected on purpose" in line for line in lines)
+    # where the build has the bug, the fault's kernel replaced it: the bug says so and has no warning of its own
+    monkeypatch.setattr(vllm_fixes, "probe_cpu_expand", lambda: True)
+    monkeypatch.setitem(vllm_fixes.FIXES, "cpu-expand", vllm_fixes.FIXES["cpu-expand"].__class__(
+        "cpu-expand", vllm_fixes.FIXES["cpu-expand"].affects, lambda: True, lambda: None))
+    report = facts(("verify-t2",))
+    assert report["cpu-expand"]["present"] and report["cpu-expand"]["replaced_by"] == "verify-t2"
+    assert not report["cpu-expand"]["fixed"]
+    lines = warnings_for(report, True)
+    assert len(lines) == 1 and "fault 'verify-t2'" in lines[0]
+    assert "replaced_by" not in facts(())["cpu-expand"]
+    assert len(warnings_for(facts(()), True)) == 1  # the bug alone warns
 
 
 def test_fix_option_is_split_from_engine_options_and_checked():

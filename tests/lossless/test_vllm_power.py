@@ -62,7 +62,7 @@ def test_the_fast_check_fails_a_fault_and_passes_vllm_fixed(tmp_path):
         assert "fail" in got[name], (name, got)
     bugs = faulty["engine"]["known_bugs"]
     assert bugs["verify-t2"] == {"present": True, "affects": ANY, "fixed": False, "injected": True}
-    assert bugs["cpu-expand"]["fixed"] is False
+    assert bugs["cpu-expand"]["fixed"] is False and bugs["cpu-expand"]["replaced_by"] == "verify-t2"
     rc, fixed = check(tmp_path / "fixed", "--engine-opt", "fix=cpu-expand")
     assert rc == 0 and fixed["verdict"] == "ok", verdicts(fixed)
     assert fixed["engine"]["known_bugs"]["cpu-expand"]["fixed"] is True

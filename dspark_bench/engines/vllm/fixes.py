@@ -48,6 +48,7 @@ class Fix:
     affects: str  # which runs the bug changes, in words
     probe: Callable[[], bool | None]  # True: the installed build has the bug; None: the code it concerns is absent
     apply: Callable[[], None]  # replaces the buggy function in this process (before vLLM registers it)
+    replaces: str | None = None  # a fault: the bug whose kernel it replaces (its own kernel is built on the fix)
 
 
 def expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
@@ -118,7 +119,7 @@ FIXES = {f.name: f for f in (
 # A fault's probe answers whether this build can carry it (split_fixes refuses the fault where it cannot).
 FAULTS = {f.name: f for f in (
     Fix("verify-t2", "speculative decoding at T > 0 (verified against the law at twice the temperature)",
-        lambda: _cpu_utils() is not None, _apply_verify_t2),
+        lambda: _cpu_utils() is not None, _apply_verify_t2, replaces="cpu-expand"),
 )}
 
 
@@ -165,9 +166,12 @@ def plugin() -> None:
 
 
 def facts(names: Sequence[str]) -> dict[str, Any]:
-    """For the manifest: each known bug, whether this build has it, what it affects, and whether it was fixed;
-    then each fault of ``names``, present and ``injected``."""
-    return {**{name: {"present": fix.probe(), "affects": fix.affects, "fixed": name in names}
+    """For the manifest: each known bug, whether this build has it, what it affects, and whether it was fixed
+    (or its kernel replaced by an injected fault: ``replaced_by``); then each fault of ``names``, present and
+    ``injected``."""
+    replaced = {FAULTS[n].replaces: n for n in names if n in FAULTS and FAULTS[n].replaces}
+    return {**{name: {"present": fix.probe(), "affects": fix.affects, "fixed": name in names,
+                      **({"replaced_by": replaced[name]} if name in replaced else {})}
                for name, fix in FIXES.items()},
             **{name: {"present": True, "affects": FAULTS[name].affects, "fixed": False, "injected": True}
                for name in names if name in FAULTS}}
@@ -175,9 +179,10 @@ def facts(names: Sequence[str]) -> dict[str, Any]:
 
 def warnings_for(report: Mapping[str, Mapping[str, Any]], speculative_t: bool) -> list[str]:
     """One line per bug this build has (or a fault injected), left unfixed, that changes a run with speculation at
-    T > 0."""
+    T > 0; a bug whose kernel an injected fault replaced has the fault's line only."""
     return [(f"vLLM fault '{n}' injected on purpose (a negative control): {f['affects']} is lossy in this run"
              if f.get("injected") else
              f"vLLM bug '{n}' present and not fixed: {f['affects']} is not lossless in this build "
              f"(--engine-opt {OPTION}={n} replaces the faulty kernel; see dspark_bench/engines/vllm/fixes.py)")
-            for n, f in report.items() if f["present"] and not f["fixed"] and speculative_t]
+            for n, f in report.items()
+            if f["present"] and not f["fixed"] and not f.get("replaced_by") and speculative_t]
