@@ -7,8 +7,9 @@
 #   recipes/divergence.sh OUT [LIMIT] [TOKENS] [DTYPES]
 #
 # LIMIT prompts per dataset of the suite `all` (4 datasets; default 8: 32 requests), TOKENS new tokens (default
-# 64), DTYPES a list (default "fp32 bf16"; bf16 runs many times slower on a CPU without native bf16 matmuls).
-# The full size: recipes/divergence.sh OUT 50 128 (200 requests x 128 tokens), on a quiet machine.
+# 64), DTYPES a list (default "fp32 bf16"; bf16 runs slower on a CPU without native bf16 matmuls).
+# The full size: recipes/divergence.sh OUT 57 128 (201 requests x 128 tokens: AIME 2025 has only 30 prompts, so
+# --limit 50 gives 180). Only tokens matter here, so other jobs may share the machine (they slow it, nothing else).
 # DRAFTERS (default none,ngram,dspark) and BIN (default .venv/bin) may be set in the environment. A run folder
 # left short by an interruption is resumed; a finished one is kept.
 set -euo pipefail

@@ -98,6 +98,12 @@ class RunData:
         if engine != "dspark":
             raise ResultsError(f"{folder}: a run of engine {engine!r}; divergence forensics replays runs of our "
                                "engine (dspark) only")
+        parts = manifest.get("parts")
+        if parts:
+            raise ResultsError(f"{folder} was joined by `dspark-bench merge` from {len(parts)} runs "
+                               f"({', '.join(str(p.get('folder')) for p in parts)}); each decoded its prompts in "
+                               "batches of its own, which a replay of the joined run would not repeat: compare the "
+                               "parts pairwise (diverge PART_A PART_B for each pair)")
         return RunData(Path(folder), manifest, read_records(folder))
 
     @property

@@ -130,6 +130,15 @@ def test_diverge_command(runs, tmp_path):
     refused = cli.invoke(main, ["diverge", str(runs[1]), str(other)])
     assert refused.exit_code == 2 and refused.output.startswith("error:"), refused.output
     assert "seed 100 vs 7" in " ".join(refused.output.split())
+    merged = tmp_path / "merged"  # what `merge` writes: one manifest listing its parts
+    merged.mkdir()
+    manifest = json.loads((runs[4] / "manifest.json").read_text())
+    manifest["parts"] = [{"folder": "part-a"}, {"folder": "part-b"}]
+    (merged / "manifest.json").write_text(json.dumps(manifest))
+    (merged / "records.jsonl").write_text((runs[4] / "records.jsonl").read_text())
+    refused = cli.invoke(main, ["diverge", str(runs[1]), str(merged)])
+    assert refused.exit_code == 2 and "joined by `dspark-bench merge` from 2 runs (part-a, part-b)" in " ".join(
+        refused.output.split()), refused.output
 
 
 def test_greedy_equality_is_judged_and_gated(tmp_path):
