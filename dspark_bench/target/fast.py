@@ -294,8 +294,8 @@ def packed_bias(bias: torch.Tensor | None, groups: int) -> torch.Tensor | None:
 
 
 class FastForward:
-    """The decoder stack of a transformers model of a family :func:`arch_of` names, run lean (module docstring), and its LM head (``head``,
-    which Target's ``lm_head`` calls). ``pack``: hold the weights packed too where oneDNN takes them (:class:`Linear`);
+    """The decoder stack of a transformers model of a family :func:`arch_of` names, run lean (module docstring),
+    and its LM head (``head``, which Target's ``lm_head`` calls). ``pack``: hold the weights packed too where oneDNN takes them (:class:`Linear`);
     ``linear``: how the projections multiply (``onednn-packed`` or ``torch``), for the manifest."""
 
     def __init__(self, model, arch: Arch, pack: bool = True):
