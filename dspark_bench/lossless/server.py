@@ -363,8 +363,8 @@ def _text(url: str, headers, timeout_s: float = 10.0) -> str | None:
 def law_fact(models: Sequence[Mapping[str, Any]], model: str | None) -> str:
     """lossless.json's ``law``: in which precision the law is computed here, and what the server says of its weights
     (llama.cpp's ``/v1/models`` gives their type as ``meta.ftype``; vLLM's gives none)."""
-    entry = next((m for m in models if m.get("id") == model), {})
-    ftype = (entry.get("meta") or {}).get("ftype") if isinstance(entry.get("meta"), Mapping) else None
+    meta = next((m for m in models if m.get("id") == model), {}).get("meta")
+    ftype = meta.get("ftype") if isinstance(meta, Mapping) else None
     said = (f"the server reports weights of type {ftype} (/v1/models meta.ftype)" if ftype
             else "the server's dtype is not reported by /v1/models")
     return (f"computed here in {REAL_DTYPE}: exact against a server computing in float32 (vLLM --dtype float32, "

@@ -240,16 +240,11 @@ def rope_table(model, length: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., d]
-    """HF's Llama RMSNorm: normalise in fp32, round to the input dtype, then scale (one kernel in fp32, where the
-    rounding is no rounding)."""
-    if x.dtype == torch.float32:
+    """HF's Llama RMSNorm: normalise over the last dimension in fp32, round to the input dtype, then scale (one
+    kernel in fp32, where the rounding is no rounding). ``weight`` [d], or [H, d] for x [..., H, d] where each head
+    has its own row (Qwen3's query and key norms over the fused heads, :class:`Layer`'s ``qk_norm``)."""
+    if x.dtype == torch.float32 and weight.dim() == 1:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
-def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3's RMSNorm over each head: x [R, L, H, D] normalised over D (in fp32, rounded to x's dtype), then scaled
-    by weight [H, D] (each head's own row), as HF's ``q_norm`` and ``k_norm`` do it to the query and key heads."""
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
@@ -371,7 +366,7 @@ class FastForward:
         qkv = w.qkv(rms_norm(x, w.attn_norm, self.eps)).view(r, n, hq + 2 * hkv, d)
         qk = qkv[:, :, : hq + hkv]
         if w.qk_norm is not None:
-            qk = head_norm(qk, w.qk_norm, self.eps)
+            qk = rms_norm(qk, w.qk_norm, self.eps)
         qk = rope(qk, cos, sin)  # [R, L, Hq + Hkv, D]
         if spans is None:
             k, v = kv.append(qk[:, :, hq:].transpose(1, 2), qkv[:, :, hq + hkv :].transpose(1, 2))  # [R, Hkv, S, D]

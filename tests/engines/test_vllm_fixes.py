@@ -3,6 +3,8 @@ Against the installed CPU build (probe and the fix in vLLM's own registration): 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -63,9 +65,8 @@ def test_an_injected_fault_is_recorded_among_the_bugs_and_warned_about(monkeypat
     lines = warnings_for(report, True)
     assert any("fault 'verify-t2' injected on purpose" in line for line in lines)
     # where the build has the bug, the fault's kernel replaced it: the bug says so and has no warning of its own
-    monkeypatch.setattr(vllm_fixes, "probe_cpu_expand", lambda: True)
-    monkeypatch.setitem(vllm_fixes.FIXES, "cpu-expand", vllm_fixes.FIXES["cpu-expand"].__class__(
-        "cpu-expand", vllm_fixes.FIXES["cpu-expand"].affects, lambda: True, lambda: None))
+    monkeypatch.setitem(vllm_fixes.FIXES, "cpu-expand",
+                        dataclasses.replace(vllm_fixes.FIXES["cpu-expand"], probe=lambda: True))
     report = facts(("verify-t2",))
     assert report["cpu-expand"]["present"] and report["cpu-expand"]["replaced_by"] == "verify-t2"
     assert not report["cpu-expand"]["fixed"]
