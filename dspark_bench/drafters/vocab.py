@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from dspark_bench.core.verify import Sampling, sample, to_probs
+from dspark_bench.target.fast import Linear, onednn_packs
 
 if TYPE_CHECKING:
     from dspark_bench.target.model import Target
@@ -199,6 +200,7 @@ class DraftHead:
         with torch.no_grad():  # frozen: a copy of the N rows, made once
             self.weight = weight.detach() if ids is None else weight.detach().index_select(0, self.ids)
             self.bias = None if bias is None else (bias.detach() if ids is None else bias.detach()[self.ids])
+        self._linear: Linear | None = None  # the product over these rows, made by the first sub_logits
 
     @staticmethod
     def of(target: Target, ids: torch.Tensor | None) -> DraftHead:
@@ -217,8 +219,12 @@ class DraftHead:
         return self.vocab_size if self.ids is None else int(self.ids.numel())
 
     def sub_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Head-space logits [..., N] (float32) of hidden states h [..., d] (cast to the head's dtype)."""
-        logits = F.linear(h.to(self.weight.dtype), self.weight, self.bias)
+        """Head-space logits [..., N] (float32) of hidden states h [..., d] (cast to the head's dtype). The product
+        is the target's :class:`~dspark_bench.target.fast.Linear` over the N rows: on the CPU it reads them packed
+        once (made at the first call) where that is the faster kernel, and ``F.linear`` under autograd."""
+        if self._linear is None:
+            self._linear = Linear(self.weight, self.bias, onednn_packs(self.weight.dtype, self.weight.device))
+        logits = self._linear(h.to(self.weight.dtype))
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()
@@ -304,19 +310,41 @@ class HeadCache:
 
 class RowLinear(torch.nn.Linear):
     """A trained ``Linear(in -> V)`` (e.g. DSpark's Markov output ``markov_w2``) evaluated over the draft
-    vocabulary's rows only; ``rows`` (not saved) follows the model's ``draft_vocab`` (see :func:`install`)."""
+    vocabulary's rows only; ``rows`` (not saved) follows the model's ``draft_vocab`` (see :func:`install`).
+
+    Under autograd (training) the rows are selected at every call, so gradients reach the full weight. Without it
+    (decoding: DSpark's Markov head runs once per draft position) the selected rows are kept, with the target's
+    :class:`~dspark_bench.target.fast.Linear` over them, until the weight or the rows change: selecting 8,192 of
+    49,152 rows of rank 64 took about 20 times as long as the product itself at one row (2-vCPU AMD EPYC, fp32)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__(in_features, out_features, bias=bias)
         self.register_buffer("rows", None, persistent=False)
+        self._selected: tuple[tuple, Linear] | None = None  # (what it was made from, the product over the rows)
 
     def forward(self, x: torch.Tensor, compact: bool = False) -> torch.Tensor:
         """x [..., in] -> [..., V] (0 outside the rows), or head space [..., N] with ``compact``."""
         if self.rows is None:
             return super().forward(x)
-        bias = None if self.bias is None else self.bias[self.rows]
-        y = F.linear(x, self.weight.index_select(0, self.rows), bias)
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            bias = None if self.bias is None else self.bias[self.rows]
+            y = F.linear(x, self.weight.index_select(0, self.rows), bias)
+        else:
+            y = self._product()(x)
         return y if compact else expand(y, self.rows, self.out_features, 0.0)
+
+    def _product(self) -> Linear:
+        """The product over the selected rows, made again when the weight (an optimizer step, a load, a move)
+        or the rows change."""
+        made_from = tuple((t, t.data_ptr(), t._version) for t in (self.weight, self.bias, self.rows) if t is not None)
+        if self._selected is not None and len(made_from) == len(self._selected[0]) and all(
+                a[0] is b[0] and a[1:] == b[1:] for a, b in zip(made_from, self._selected[0], strict=True)):
+            return self._selected[1]
+        with torch.no_grad():
+            weight = self.weight.detach().index_select(0, self.rows)
+            bias = None if self.bias is None else self.bias.detach()[self.rows]
+        self._selected = (made_from, Linear(weight, bias, onednn_packs(weight.dtype, weight.device)))
+        return self._selected[1]
 
 
 def install(model: torch.nn.Module) -> None:

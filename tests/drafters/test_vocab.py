@@ -268,6 +268,35 @@ def test_dspark_markov_rows_follow_the_list(target, tmp_path):
     assert w2.rows is None and torch.equal(w2(e), torch.nn.functional.linear(e, w2.weight))
 
 
+@pytest.mark.parametrize("rows", [1, 8])  # below and inside the packed weights' rows (target/fast.py)
+def test_markov_rows_kept_for_decoding_follow_every_change(target, tmp_path, rows):
+    """Without autograd the selected rows are kept (vocab.RowLinear): an optimizer step, a load and another list
+    must each make them again, and under autograd the gradient still reaches the full weight's rows."""
+    path, ids = _vocab_file(tmp_path, target)
+    w2 = registry.create("dspark", target, {"draft_vocab": str(path)}).model.markov_head.markov_w2
+    e = torch.randn(rows, w2.in_features)
+
+    def kept():
+        with torch.no_grad():
+            return w2(e, compact=True)
+
+    def fresh():
+        return (e @ w2.weight.detach().T)[:, w2.rows]
+
+    assert torch.allclose(kept(), fresh(), atol=1e-5)
+    product = w2._product()
+    assert w2._product() is product  # kept while nothing changed
+    (w2(e, compact=True) ** 2).sum().backward()  # under autograd: rows selected at the call
+    assert w2.weight.grad is not None and bool(w2.weight.grad[ids].abs().sum() > 0)
+    assert not bool(w2.weight.grad[[i for i in range(w2.out_features) if i not in set(ids.tolist())]].any())
+    torch.optim.SGD(w2.parameters(), lr=1.0).step()  # an in-place step
+    assert w2._product() is not product and torch.allclose(kept(), fresh(), atol=1e-5)
+    w2.load_state_dict({"weight": torch.randn_like(w2.weight)}, strict=False)  # a load, in place
+    assert torch.allclose(kept(), fresh(), atol=1e-5)
+    w2.rows = ids[: len(ids) // 2].clone()  # another list
+    assert kept().shape == (rows, len(ids) // 2) and torch.allclose(kept(), fresh(), atol=1e-5)
+
+
 # ---- training over the list ------------------------------------------------------------------------------------------
 def test_block_training_scores_only_labels_inside_the_list(target):
     """DFlash's loss over the list equals the hand-computed CE over the kept slots, in head space."""
