@@ -19,13 +19,15 @@ This module runs the same math as transformers' Llama with fewer and larger kern
   tokens at once, with no pads, and only attention runs prompt by prompt (what a production engine's variable-length
   prefill does);
 - on the CPU, every projection and the LM head also held in oneDNN's packed layout (:class:`Linear`), read by the
-  matmuls of :data:`PACK_MIN_ROWS` to :data:`PACK_MAX_ROWS` rows: torch's ``F.linear`` repacks the weight at every
-  call, which at 4-48 rows costs more than the product (a forward's matmuls took 2-2.5x as long through ``F.linear``
-  as packed at 8 and 32 rows, fp32, on a 2-vCPU Xeon; whole decode steps 1.5-1.6x); below that, ``F.linear``'s
-  matrix-vector path is the faster one and runs, and above it (long prefills) the repacking is paid back and
-  ``F.linear``'s own kernel is the faster one again (on a 2-vCPU AMD EPYC with AVX2, fp32, SmolLM2-135M's four
-  projections: packed 0.49x ``F.linear``'s time at 8 rows, 0.79x at 128, 0.99x at 512, 1.07x at 1,024, 1.12x at
-  2,048). The packed copy is one more copy of the weights in memory.
+  matmuls of up to :data:`PACK_MAX_ROWS` rows. torch's ``F.linear`` repacks the weight at every call above one row
+  (a forward's matmuls took 2-2.5x as long through ``F.linear`` as packed at 8 and 32 rows, fp32, on a 2-vCPU Xeon;
+  whole decode steps 1.5-1.6x), and at one row it runs the BLAS matrix-vector product, which on a 2-vCPU AMD EPYC
+  (AVX2, fp32) took twice as long as the packed product: SmolLM2-135M's matmuls of a forward, 1 / 2 / 3 rows, packed
+  0.51x / 0.26x / 0.19x ``F.linear``'s time; ``none`` at concurrency 1 ran 2.0x as fast, MTP-1 (verify blocks of two
+  tokens) 3.0x. Above the bound (long prefills) the repacking is paid back and ``F.linear``'s own kernel is the
+  faster one again (on the same AMD EPYC, SmolLM2-135M's four projections: packed 0.49x ``F.linear``'s time at 8 rows,
+  0.79x at 128, 0.99x at 512, 1.07x at 1,024, 1.12x at 2,048). The packed copy is one more copy of the weights in
+  memory.
 
 transformers stays the loader and the reference: tests hold this path's logits, taps and greedy tokens to the HF
 path's in fp32. :func:`arch_of` says which configs it runs; anything else runs on the HF path.
@@ -43,8 +45,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-PACK_MIN_ROWS = 4  # matmuls of at least this many rows read the packed weight (Linear); fewer run F.linear
-PACK_MAX_ROWS = 512  # ... and of at most this many: longer ones (prefills) run F.linear, faster there (docstring)
+PACK_MAX_ROWS = 512  # matmuls of at most this many rows read the packed weight (Linear); longer ones (prefills) run
+# F.linear, faster there (module docstring)
 PACK_ROWS = 16  # blocks of at most this many queries pack their query heads (attention()); longer ones, prefills, do not
 HEADROOM = 64  # spare columns a new cache buffer gets beyond what it must hold (a copy every 64 decode steps)
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # static inverse frequencies: a table holds them
@@ -95,8 +97,8 @@ def onednn_packs(dtype: torch.dtype, device: torch.device) -> bool:
 class Linear:
     """``x W^T + b`` for a weight [out, in] held twice: as it is (the model's parameter, which the HF modules and the
     drafters keep reading) and, where ``packed``, in oneDNN's blocked layout for any number of rows, made once.
-    A product of :data:`PACK_MIN_ROWS` to :data:`PACK_MAX_ROWS` rows reads the packed copy; fewer or more rows run
-    ``F.linear`` (the module docstring says why), and so does a product that autograd records (a drafter's training reads the target's head:
+    A product of at most :data:`PACK_MAX_ROWS` rows reads the packed copy; more rows run ``F.linear`` (the module
+    docstring says why), and so does a product that autograd records (a drafter's training reads the target's head:
     oneDNN's packed product has no backward). Both compute the same product; their roundings differ, within the
     dtype's."""
 
@@ -106,7 +108,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows, recorded = x.numel() // x.shape[-1], x.requires_grad and torch.is_grad_enabled()
-        if self.packed is None or recorded or not PACK_MIN_ROWS <= rows <= PACK_MAX_ROWS:
+        if self.packed is None or recorded or rows > PACK_MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
