@@ -21,13 +21,13 @@ This module runs the same math as transformers' Llama with fewer and larger kern
 - on the CPU, every projection and the LM head also held in oneDNN's packed layout (:class:`Linear`), read by the
   matmuls of up to :data:`PACK_MAX_ROWS` rows. torch's ``F.linear`` repacks the weight at every call above one row
   (a forward's matmuls took 2-2.5x as long through ``F.linear`` as packed at 8 and 32 rows, fp32, on a 2-vCPU Xeon;
-  whole decode steps 1.5-1.6x), and at one row it runs the BLAS matrix-vector product, which on a 2-vCPU AMD EPYC
-  (AVX2, fp32) took twice as long as the packed product: SmolLM2-135M's matmuls of a forward, 1 / 2 / 3 rows, packed
-  0.51x / 0.26x / 0.19x ``F.linear``'s time; ``none`` at concurrency 1 ran 2.0x as fast, MTP-1 (verify blocks of two
-  tokens) 3.0x. Above the bound (long prefills) the repacking is paid back and ``F.linear``'s own kernel is the
-  faster one again (on the same AMD EPYC, SmolLM2-135M's four projections: packed 0.49x ``F.linear``'s time at 8 rows,
-  0.79x at 128, 0.99x at 512, 1.07x at 1,024, 1.12x at 2,048). The packed copy is one more copy of the weights in
-  memory.
+  whole decode steps 1.5-1.6x), and at one row it runs the BLAS matrix-vector product (MKL in torch's CPU wheel),
+  which on a 2-vCPU AMD EPYC with AVX-512 took twice as long as the packed product (fp32, SmolLM2-135M's matmuls of a
+  forward at 1 / 2 / 3 rows: packed 0.51x / 0.26x / 0.19x ``F.linear``'s time; ``none`` at concurrency 1 ran 1.9x as
+  fast, MTP-1, whose verify blocks are two tokens, 2.8x). Above the bound (long prefills) the repacking is paid back
+  and ``F.linear``'s own kernel is the faster one again (on a 2-vCPU AMD EPYC with AVX2 only, SmolLM2-135M's four
+  projections: packed 0.49x ``F.linear``'s time at 8 rows, 0.79x at 128, 0.99x at 512, 1.07x at 1,024, 1.12x at
+  2,048). The packed copy is one more copy of the weights in memory.
 
 transformers stays the loader and the reference: tests hold this path's logits, taps and greedy tokens to the HF
 path's in fp32. :func:`arch_of` says which configs it runs; anything else runs on the HF path.
