@@ -335,16 +335,27 @@ class RowLinear(torch.nn.Linear):
 
     def _product(self) -> Linear:
         """The product over the selected rows, made again when the weight (an optimizer step, a load, a move)
-        or the rows change."""
-        made_from = tuple((t, t.data_ptr(), t._version) for t in (self.weight, self.bias, self.rows) if t is not None)
+        or the rows change. Tensors made under ``torch.inference_mode`` count no in-place changes: with such a
+        weight the rows are selected at every call, as under autograd."""
+        made_from = (*((t, t.data_ptr(), _version(t)) for t in (self.weight, self.bias) if t is not None),
+                     (self.rows, self.rows.data_ptr(), 0))  # the rows are replaced (install's _sync), never changed
         if self._selected is not None and len(made_from) == len(self._selected[0]) and all(
                 a[0] is b[0] and a[1:] == b[1:] for a, b in zip(made_from, self._selected[0], strict=True)):
             return self._selected[1]
         with torch.no_grad():
             weight = self.weight.detach().index_select(0, self.rows)
             bias = None if self.bias is None else self.bias.detach()[self.rows]
-        self._selected = (made_from, Linear(weight, bias, onednn_packs(weight.dtype, weight.device)))
-        return self._selected[1]
+        product = Linear(weight, bias, onednn_packs(weight.dtype, weight.device))
+        self._selected = None if any(stamp[2] is None for stamp in made_from) else (made_from, product)
+        return product
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The in-place change counter of ``t``; None for an inference tensor, which keeps none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def install(model: torch.nn.Module) -> None:

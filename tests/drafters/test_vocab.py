@@ -383,3 +383,18 @@ def test_exact_target_law_makes_the_analytic_acceptance_the_full_vocabularys():
         assert torch.equal(full.target_law(hf), torch.softmax((hf @ full_weight.T).float(), -1))
         assert vocab.missing_mass(torch.ones(3)) == 0
     assert vocab.missing_mass(torch.full((3,), 0.1)) == 0.0
+
+
+def test_markov_rows_of_an_inference_mode_weight_are_selected_at_every_call(target, tmp_path):
+    """A weight made under torch.inference_mode keeps no change counter: nothing is kept, and a change made in that
+    mode is seen at the next call."""
+    path, ids = _vocab_file(tmp_path, target)
+    w2 = registry.create("dspark", target, {"draft_vocab": str(path)}).model.markov_head.markov_w2
+    with torch.inference_mode():
+        w2.weight = torch.nn.Parameter(torch.randn_like(w2.weight), requires_grad=False)
+        e = torch.randn(2, w2.in_features)
+        first = w2(e, compact=True)
+        w2.weight.mul_(2.0)  # in place, uncounted
+        second = w2(e, compact=True)
+    assert w2._selected is None
+    torch.testing.assert_close(second, 2 * first)
