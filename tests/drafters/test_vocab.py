@@ -268,7 +268,7 @@ def test_dspark_markov_rows_follow_the_list(target, tmp_path):
     assert w2.rows is None and torch.equal(w2(e), torch.nn.functional.linear(e, w2.weight))
 
 
-@pytest.mark.parametrize("rows", [1, 8])  # below and inside the packed weights' rows (target/fast.py)
+@pytest.mark.parametrize("rows", [1, 8])  # a lone request's Markov step and a batch of 8
 def test_markov_rows_kept_for_decoding_follow_every_change(target, tmp_path, rows):
     """Without autograd the selected rows are kept (vocab.RowLinear): an optimizer step, a load and another list
     must each make them again, and under autograd the gradient still reaches the full weight's rows."""
