@@ -38,9 +38,11 @@ def findings_table(rows: list[dict], title: str, labels: tuple[str, str] = ("A",
         what = {"greedy": f"argmax@{dec['position']}"}.get(dec["kind"], "–" if dec["kind"] is None else
                                                             f"{dec['purpose']}@{dec['position']}")
         margins = " / ".join(_num(m) for m in (f["margins"] or [None, None]))
-        draws = " / ".join(_draw(d) if d else "–" for d in f["draws"])
+        parted = f.get("rounds_parted")  # the decision judged is then the one where the rounds parted
+        draws = " / ".join(_draw(d) if d else "–" for d in (parted or f)["draws"])
+        where = f"{f['prompt_id']} #{f['index']}" + (f" (rounds parted #{parted['index']})" if parted else "")
         colour = {"floating-point": "green", "unexplained": "bold red"}.get(f["verdict"], "yellow")
-        table.add_row(f["drafter"], f"{f['prompt_id']} #{f['index']}", " / ".join(str(t) for t in f["tokens"]),
+        table.add_row(f["drafter"], where, " / ".join(str(t) for t in f["tokens"]),
                       draws, what, _num(f["u"], ".6f"), margins, _num(f["law_difference"]), _num(f["max_abs_p"]),
                       f"[{colour}]{f['verdict']}[/]")
     return table
@@ -92,8 +94,10 @@ def greedy_after_run(folder: Path, cache_dir: str | None) -> None:
 def diverge(run_a, run_b, out, cache_dir):
     """Find each request's first divergent output token between two runs of the same target, prompts and seed
     (drafter by drafter), say which draw made it in each run, and judge it: floating-point when the draw's
-    uniform lies within the two runs' law difference of its decision boundary, unexplained otherwise. The laws
-    are recomputed by replaying each run through the engine (docstring of dspark_bench/studies/diverge.py).
+    uniform lies within the two runs' law difference of its decision boundary, unexplained otherwise. Where the
+    runs' rounds parted before their tokens did (one accepted a draft, the other drew the same token anew), the
+    decision judged is the one where they parted. The laws are recomputed by replaying each run through the
+    engine (docstring of dspark_bench/studies/diverge.py).
 
     Exit status: 0 when every divergence is floating-point (or none exists); 1 when one is unexplained; 2 for
     bad input (runs that are not comparable, said in one line)."""

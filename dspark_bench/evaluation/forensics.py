@@ -97,6 +97,21 @@ def _kind(j: int, verified: int, accepted: int) -> str:
     return RECOVERED if accepted < verified else BONUS
 
 
+def parting(a: list[DrawSite], b: list[DrawSite], index: int) -> int | None:
+    """Where two runs' rounds parted before their tokens did: when the draws that made output token ``index``
+    belong to rounds starting at different positions (``a`` and ``b`` are the two records' :func:`draw_sites`,
+    equal tokens up to ``index``), the first output token whose draw site differs between them, else None.
+
+    Up to that token both runs made their tokens by the same kinds of draw with the same uniforms; at it one run
+    accepted a draft where the other rejected one and drew the same token anew (or, where a scheduler verified
+    other lengths, one drew a bonus token where the other tested a draft), so from there on each consumed other
+    uniforms at the same positions and its tokens were free to part. That decision, not the one at ``index``, is
+    what has to be judged."""
+    if index >= min(len(a), len(b)) or a[index].anchor == b[index].anchor:
+        return None
+    return next((i for i in range(index) if (a[i].kind, a[i].anchor) != (b[i].kind, b[i].anchor)), None)
+
+
 def first_divergence(a, b) -> int | None:
     """Index of the first output token where ``a`` and ``b`` differ (the shorter one's length when one is a
     prefix of the other), or None when they are equal."""

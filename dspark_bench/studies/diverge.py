@@ -14,6 +14,13 @@ report says whether it did (``Laws.token``, ``Laws.prefix_equal``); elsewhere it
 the verdict says so. The replay stops once every wanted position is captured, so it costs at most the run's own
 decoding of that drafter up to the last divergence.
 
+**Rounds that parted first.** Two runs can keep the same tokens while their rounds part: one accepts a draft
+where the other rejects a (differently drawn) draft and recovers the same token, so its next round starts a
+position earlier and from there each run draws other uniforms at the same positions. A later token divergence
+then comes from rounds that start at different positions, and no draw of its own decided it; the decision judged
+is the one at the token where the rounds parted (:func:`~dspark_bench.evaluation.forensics.parting`), and the
+report names that token (``rounds_parted``).
+
 ``greedy_equality`` is the temperature-0 check ``run`` makes: each drafter's outputs against ``none``'s on the
 same prompts, and every divergence judged by the top-2 logit gap of the target at that position against the
 difference of the logits its two paths (a one-token decode, a verify block) computed there.
@@ -67,14 +74,19 @@ class Finding:
     decision: fx.Decision
     judgement: fx.Judgement
     replay: tuple[dict, dict]  # per run: reproduced, prefix_equal, rows, width
+    parted: tuple[int, tuple[fx.DrawSite, fx.DrawSite]] | None = None  # (index, sites) where the rounds parted
 
     def to_dict(self) -> dict:
         d, dec = self.divergence, self.decision
+        parted = None
+        if self.parted is not None:
+            index, sites = self.parted
+            parted = {"index": index, "token": _token_at(d.a, index), "draws": [s.to_dict() for s in sites]}
         return {
             "drafter": d.a.drafter if d.a.drafter == d.b.drafter else f"{d.a.drafter} vs {d.b.drafter}",
             "dataset": d.a.dataset, "prompt_id": d.a.prompt_id, "repeat": d.a.repeat, "index": d.index,
             "tokens": [_token_at(d.a, d.index), _token_at(d.b, d.index)],
-            "draws": [s.to_dict() for s in self.sites],
+            "draws": [s.to_dict() if s else None for s in self.sites], "rounds_parted": parted,
             "decision": {"kind": dec.kind, "purpose": fx.PURPOSE_NAMES.get(dec.purpose), "position": dec.position},
             **self.judgement.to_dict(), "replay": list(self.replay),
         }
@@ -277,18 +289,29 @@ def explain(divs: Sequence[Divergence], runs: tuple[RunData, RunData], cache_dir
     replay (they decode the same tokens)."""
     targets: dict[str, Target] = {}
     laws: list[dict] = [{}, {}]
+    greedy = runs[0].temperature == 0
+    parted = {id(d): None if greedy else _parting(d) for d in divs}
     for side, run in enumerate(runs):
         wanted: dict[str, dict[Key, dict[int, tuple[int, ...]]]] = {}
         for d in divs:
             rec = (d.a, d.b)[side]
-            if d.index < len(rec.output_ids):
-                wanted.setdefault(rec.drafter, {}).setdefault(d.key, {})[d.index] = rec.output_ids[: d.index + 1]
+            for i in (d.index, parted[id(d)]):
+                if i is not None and i < len(rec.output_ids):
+                    wanted.setdefault(rec.drafter, {}).setdefault(d.key, {})[i] = rec.output_ids[: i + 1]
         for drafter, want in wanted.items():
             target = _target(targets, run, cache_dir, say)
             for (key, i), law in replay(target, run, drafter, want, say).items():
                 laws[side][(drafter, key, i)] = law
-    greedy = runs[0].temperature == 0
-    return [_finding(d, laws, greedy) for d in divs]
+    return [_finding(d, laws, greedy, parted[id(d)]) for d in divs]
+
+
+def _sites(rec: RequestRecord) -> list[fx.DrawSite]:
+    return fx.draw_sites(rec.prompt_len, rec.rounds, len(rec.output_ids))
+
+
+def _parting(d: Divergence) -> int | None:
+    """The output token where the two records' rounds parted before their tokens did (:func:`fx.parting`)."""
+    return fx.parting(_sites(d.a), _sites(d.b), d.index)
 
 
 def _target(loaded: dict[str, Target], run: RunData, cache_dir: Path | None, say) -> Target:
@@ -301,26 +324,39 @@ def _target(loaded: dict[str, Target], run: RunData, cache_dir: Path | None, say
     return loaded[key]
 
 
-def _finding(d: Divergence, laws: list[dict], greedy: bool) -> Finding:
+def _finding(d: Divergence, laws: list[dict], greedy: bool, parted: int | None = None) -> Finding:
+    """Judge divergence ``d`` from the replayed laws. Where the runs' rounds parted first (``parted``, an output
+    index before ``d.index``), the decision judged is the one at that token, which both runs kept: from there on
+    they drew with other uniforms, so the token at ``d.index`` needs no rounding of its own to differ."""
     recs = (d.a, d.b)
     tokens = tuple(_token_at(r, d.index) for r in recs)
-    sites = tuple(fx.draw_sites(r.prompt_len, r.rounds, len(r.output_ids))[d.index] if t is not None else None
-                  for r, t in zip(recs, tokens, strict=True))
-    got = tuple(laws[s].get((r.drafter, d.key, d.index)) for s, r in enumerate(recs))
+    sites = tuple(_sites(r)[d.index] if t is not None else None for r, t in zip(recs, tokens, strict=True))
+    at = d.index if parted is None else parted  # the output token whose decision is judged
+    at_tokens = tokens if parted is None else (_token_at(d.a, at), _token_at(d.b, at))
+    at_sites = sites if parted is None else tuple(_sites(r)[at] for r in recs)
+    got = tuple(laws[s].get((r.drafter, d.key, at)) for s, r in enumerate(recs))
     replayed = tuple({} if law is None else {"reproduced": law.token == tok, "prefix_equal": law.prefix_equal,
                                              "rows": law.rows, "width": law.width}
-                     for law, tok in zip(got, tokens, strict=True))
-    missing = [f"run {n} has no token {d.index}" for n, t in zip("AB", tokens, strict=True) if t is None]
-    missing += [f"the replay of run {n} never reached token {d.index}" for n, t, law in zip("AB", tokens, got,
-                                                                                             strict=True)
+                     for law, tok in zip(got, at_tokens, strict=True))
+    where = None if parted is None else (parted, at_sites)
+    missing = [f"run {n} has no token {at}" for n, t in zip("AB", at_tokens, strict=True) if t is None]
+    missing += [f"the replay of run {n} never reached token {at}" for n, t, law in zip("AB", at_tokens, got,
+                                                                                        strict=True)
                 if t is not None and law is None]
     if missing:
         return Finding(d, sites, fx.Decision(None, why="; ".join(missing)), fx.Judgement.unexamined(
-            "; ".join(missing)), replayed)
-    rejected = tuple(law.draft if site.kind == fx.RECOVERED else None for law, site in zip(got, sites, strict=True))
-    dec = fx.decision(sites[0], sites[1], tokens[0], tokens[1], greedy, rejected_b=rejected[1],
+            "; ".join(missing)), replayed, where)
+    rejected = tuple(law.draft if site.kind == fx.RECOVERED else None
+                     for law, site in zip(got, at_sites, strict=True))
+    dec = fx.decision(at_sites[0], at_sites[1], at_tokens[0], at_tokens[1], greedy, rejected_b=rejected[1],
                       rejected_a=rejected[0])
-    return Finding(d, sites, dec, fx.judge(dec, d.a.seed, tokens, sites, got), replayed)
+    judgement = fx.judge(dec, d.a.seed, at_tokens, at_sites, got)
+    if parted is not None:
+        judgement = dataclasses.replace(judgement, notes=(
+            f"the runs' rounds parted at output token {parted} (token {at_tokens[0]} in both: "
+            f"{at_sites[0].kind} in A, {at_sites[1].kind} in B); from there each drew with other uniforms, so "
+            f"the decision judged is the one at token {parted}", *judgement.notes))
+    return Finding(d, sites, dec, judgement, replayed, where)
 
 
 def compare_runs(a: RunData, b: RunData, cache_dir: Path | None = None,

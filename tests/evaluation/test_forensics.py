@@ -118,6 +118,21 @@ def test_decision_table(a, b, kwargs, expected):
     assert (dec.why != "") == (dec.kind is None)
 
 
+def test_parting_finds_where_the_rounds_parted_before_the_tokens():
+    """Run A accepted x2 of round 0 and drew a recovered token after it; run B rejected x2 and drew the same token
+    anew, so its next round starts one position earlier: token 4 comes from rounds starting at 12 (A) and 11 (B),
+    and the decision to judge is token 2's (accepted draft in A, recovered in B)."""
+    a = fx.draw_sites(10, ((3, 3, 2, 3), (3, 3, 0, 1), (3, 3, 0, 1)), 6)
+    b = fx.draw_sites(10, ((3, 3, 1, 2), (3, 3, 1, 2), (3, 3, 0, 1)), 6)
+    assert [s.kind for s in a[:3]] == [FIRST, DRAFT, DRAFT] and b[2].kind == RECOVERED
+    assert (a[4].anchor, b[4].anchor) == (13, 12)
+    assert fx.parting(a, b, 4) == 2 == fx.parting(b, a, 4)
+    assert fx.decision(a[2], b[2], 7, 7, greedy=False, rejected_b=7).kind == "test"  # the same draft, rejected
+    assert fx.decision(a[2], b[2], 7, 7, greedy=False, rejected_b=8).kind == "draft"  # B drafted another token
+    assert fx.parting(a, b, 1) is None and fx.parting(a, a, 5) is None  # same rounds at the token: no parting
+    assert fx.parting(a, b[:4], 4) is None  # one run has no token 4: nothing to compare
+
+
 def test_greedy_decision_ignores_round_structure_and_uniforms():
     dec = fx.decision(_site(DECODE, anchor=25, verified=0), _site(DRAFT, anchor=22, slot=3, accepted=4), 1, 2,
                       greedy=True)

@@ -82,6 +82,50 @@ def _tamper(src, dst, index):
     return rec["prompt_id"]
 
 
+def _split_round(src, dst):
+    """A copy of run ``src`` in which the first ngram record with a round that accepted a draft and drew a token
+    after it tells another story: its last accepted draft was rejected and drawn anew as the same token, and the
+    round's final token came from a round of its own, replaced by another token. The rounds part one token
+    before the tokens do. Returns (prompt id, index of the parting, index of the replaced token)."""
+    dst.mkdir()
+    for name in ("manifest.json", "summary.json"):
+        (dst / name).write_text((src / name).read_text())
+    lines = [json.loads(x) for x in (src / "records.jsonl").read_text().splitlines()]
+    for rec in (r for r in lines if r["drafter"] == "ngram"):
+        made = 1  # output tokens before the round: the first token
+        for n, (proposed, verified, accepted, committed) in enumerate(rec["rounds"]):
+            if accepted >= 1 and committed == accepted + 1:
+                rec["rounds"][n : n + 1] = [[proposed, verified, accepted - 1, accepted], [1, 1, 0, 1]]
+                for key in ("timings", "batch", "waiting"):  # per-round columns keep one entry per round
+                    if rec.get(key):
+                        rec[key][n : n + 1] = [rec[key][n], rec[key][n]]
+                changed = made + accepted
+                rec["output_ids"][changed] = (rec["output_ids"][changed] + 48) % 96
+                (dst / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+                return rec["prompt_id"], changed - 1, changed
+            made += committed
+    raise AssertionError("no ngram round accepted a draft: the fixture gives this test nothing to split")
+
+
+def test_rounds_that_parted_before_the_tokens_are_judged_where_they_parted(runs, tmp_path):
+    """A divergence whose token comes from rounds starting at other positions is judged at the token where the
+    rounds parted. Here that parting is forged (an accepted draft recorded as rejected and redrawn), and the
+    replay shows the draft's acceptance test passing in both runs: unexplained, at the parting."""
+    prompt, parted, index = _split_round(runs[1], tmp_path / "split")
+    out = tmp_path / "report.json"
+    res = CliRunner().invoke(main, ["diverge", str(runs[1]), str(tmp_path / "split"), "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert f"{prompt} #{index} (rounds parted #{parted})" in " ".join(res.output.split())
+    (row,) = json.loads(out.read_text())["divergences"]
+    assert row["index"] == index and row["rounds_parted"]["index"] == parted
+    assert [d["kind"] for d in row["rounds_parted"]["draws"]] == [fx.DRAFT, fx.RECOVERED]
+    assert row["draws"][0]["anchor"] != row["draws"][1]["anchor"]  # the token's rounds start apart
+    assert row["decision"]["kind"] == "test" and row["decision"]["purpose"] == "ACCEPT"
+    assert row["verdict"] == fx.UNEXPLAINED and row["law_difference"] == 0  # one law, replayed twice
+    assert row["margins"][0] == pytest.approx(-row["margins"][1]) and row["margins"][0] > 0  # passed in both
+    assert all(r["reproduced"] for r in row["replay"]) and "rounds parted at output token" in row["notes"][0]
+
+
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_replay_reproduces_the_runs_tokens_and_uniforms(runs, concurrency):
     run = diverge.RunData.read(runs[concurrency])
