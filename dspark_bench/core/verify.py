@@ -147,10 +147,13 @@ def _real(x) -> bool:
 def to_probs(logits: torch.Tensor, sampling: Sampling | float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Sampling distribution for ``logits`` (``[..., V]``) under ``sampling`` (a :class:`Sampling`, or a bare
     temperature), in float32 (written into ``out`` when given: a float32 tensor of the same shape, e.g. one slot
-    of a preallocated [R, G, V] law).
+    of a preallocated [R, G, V] law, or a buffer the engine reuses round after round).
 
     Temperature 0 gives the one-hot distribution of the argmax (greedy decoding), whatever the filters. Without
-    filters this is the tempered softmax, bit for bit the same operations as for a bare temperature.
+    filters this is the tempered softmax, bit for bit the same operations as for a bare temperature. With
+    ``out`` no temporary of the logits' size is made: the float32 copy, the temperature and the filters are
+    applied in ``out``, and the softmax runs in place there (the same operations on the same values, so the same
+    bits). The engine passes memory it reuses every round (``Scratch`` in ``engines/native/loop.py`` says why).
     """
     temperature = sampling.temperature if isinstance(sampling, Sampling) else sampling
     if temperature < 0:
@@ -158,10 +161,20 @@ def to_probs(logits: torch.Tensor, sampling: Sampling | float, out: torch.Tensor
     if temperature == 0:
         hot = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device) if out is None else out.zero_()
         return hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    scaled = logits.float() if temperature == 1 else logits.float() / temperature  # x / 1 == x: skip the copy
-    if isinstance(sampling, Sampling) and sampling.filtered:
-        scaled = scaled.masked_fill(scaled < kept_floor(scaled, sampling), float("-inf"))  # new: logits untouched
-    return torch.softmax(scaled, dim=-1) if out is None else torch.softmax(scaled, dim=-1, out=out)
+    filtered = isinstance(sampling, Sampling) and sampling.filtered
+    if out is None:
+        scaled = logits.float() if temperature == 1 else logits.float() / temperature  # x / 1 == x: skip the copy
+        if filtered:
+            scaled = scaled.masked_fill(scaled < kept_floor(scaled, sampling), float("-inf"))  # logits untouched
+        return torch.softmax(scaled, dim=-1)
+    if logits.dtype == torch.float32 and temperature == 1 and not filtered:
+        return torch.softmax(logits, dim=-1, out=out)
+    out.copy_(logits)  # float32, then tempered and filtered in place: logits untouched
+    if temperature != 1:
+        out.div_(temperature)
+    if filtered:
+        out.masked_fill_(out < kept_floor(out, sampling), float("-inf"))
+    return torch.softmax(out, dim=-1, out=out)  # in place: each element is read before it is written
 
 
 def kept_floor(scaled: torch.Tensor, sampling: Sampling) -> torch.Tensor:

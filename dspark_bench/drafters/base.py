@@ -80,6 +80,7 @@ class DraftContext:
     drafter: str = ""  # the drafter's registry name (a scheduler looks up its cost in the profile by it)
     last_round: RoundTiming | None = None  # set by the engine after each round
     reports_rounds: bool = False  # the engine will set last_round (a scheduler may wait for the first one)
+    scratch: dict | None = None  # lent by the engine for its session: memory a drafter may reuse every round
 
     def __post_init__(self):
         self.sampling = Sampling.of(self.sampling)

@@ -351,7 +351,7 @@ class ChainDrafter(Drafter):
         tokens = torch.zeros(len(slots), steps, dtype=torch.long, device=device)
         head = self.model.draft_head
         with timer.span("sample"):  # [steps, R, V]: each step writes contiguous memory (see dspark.sample_markov)
-            q = head.law_buffer(steps, len(slots), device=device)  # returned as [R, steps, V]
+            q = head.law_buffer(steps, len(slots), device=device, scratch=ctx.scratch)  # as [R, steps, V]
         for j in range(steps):
             with timer.span("forward"):
                 logits = self.model.logits(hidden[:, -1], compact=True)  # [R, N], head space

@@ -59,6 +59,6 @@ class DFlashDrafter(BlockDrafter):
         head, (rows, size) = self.model.draft_head, logits.shape[:2]
         u = ctx.draft_uniforms(size, h.device)
         with ctx.timer.span("sample"):
-            q = head.law_buffer(rows, size, device=logits.device)  # [R, G, V]
+            q = head.law_buffer(rows, size, device=logits.device, scratch=ctx.scratch)  # [R, G, V]
             tokens = head.draw(logits, ctx.sampling, u, q)  # [R, G], one batched draw
         return Proposal(tokens, torch.full((rows,), size, dtype=torch.long), q)

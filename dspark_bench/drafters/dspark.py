@@ -115,7 +115,8 @@ class ConfidenceHead(nn.Module):
 
 def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, head: MarkovHead | None,
                   sampling: Sampling | float, u: torch.Tensor, timer: Timer | None = None,
-                  draft_head: DraftHead | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  draft_head: DraftHead | None = None, scratch: dict | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-to-right sampling of R blocks, batched over requests and on the device. base [R, G, N] fp32 logits U
     in ``draft_head``'s head space (N = V for the full head, the default); h [R, G, d]; anchors [R]; u [R, G] the
     draft uniforms (float64); head None: no Markov term (each token from the backbone's logits alone, still sampled
@@ -125,13 +126,14 @@ def sample_markov(base: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, he
     Returns tokens [R, G] (target ids), q [R, G, V] (the law each token was drawn from, in full space) and prev
     [R, G] (x_{k-1}), all on ``base``'s device. Token k depends on the backbone only through base[:, k] (and
     h[:, k] for gated/rnn) and on x_{k-1}. q is a [G, R, V] buffer seen as [R, G, V], so that each step writes
-    contiguous memory (into a [:, k] slice a softmax was 20-30% slower at 8-32 rows on the CPU).
+    contiguous memory (into a [:, k] slice a softmax was 20-30% slower at 8-32 rows on the CPU); ``scratch``
+    (``DraftContext.scratch``) lets the buffer be reused round after round (:meth:`DraftHead.law_buffer`).
     """
     timer = timer or Timer(base.device)
     rows, size, _ = base.shape
     draft_head = draft_head or DraftHead.full_space(base.shape[-1])
     with timer.span("sample"):
-        q = draft_head.law_buffer(size, rows, device=base.device)
+        q = draft_head.law_buffer(size, rows, device=base.device, scratch=scratch)
     anchors = anchors.to(base.device)
     prev, drawn, state = anchors, [], None
     for k in range(size):
@@ -204,7 +206,8 @@ class DSparkDrafter(BlockDrafter):
         anchors = to_device([s.tokens[-1] for s in ctx.slots], h.device)
         head = self.model.markov_head if self.config.markov else None
         u = ctx.draft_uniforms(base.shape[1], h.device)
-        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.sampling, u, ctx.timer, self.model.draft_head)
+        tokens, q, prev = sample_markov(base, h, anchors, head, ctx.sampling, u, ctx.timer, self.model.draft_head,
+                                        ctx.scratch)
         with ctx.timer.span("forward"):
             logit = self.model.confidence_logit(h, prev)
             confidence = None if logit is None else torch.sigmoid(logit.float())

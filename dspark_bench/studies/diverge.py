@@ -176,9 +176,9 @@ class _Recorder:
             rows = slice(r, r + 1)
             weights = correction_weights(p[rows], draft[rows], None if q is None else q[rows],
                                          torch.tensor([accepted], device=p.device), lengths[rows])[0].cpu()
-        return fx.Laws(
-            logits=self.logits[r, j].float().cpu(), p=p[r, j].float().cpu(),
-            q=q[r, j].float().cpu() if q is not None and j < verified else None,
+        return fx.Laws(  # copies: p lives in memory the loop writes again next round
+            logits=self.logits[r, j].float().cpu().clone(), p=p[r, j].float().cpu().clone(),
+            q=q[r, j].float().cpu().clone() if q is not None and j < verified else None,
             draft=int(draft[r, j]) if j < verified else None, weights=weights,
             u_accept=float(draws.accept[r, j]) if j < width else None, u_token=float(draws.token[r]),
             token=made[-1], prefix_equal=tuple(made[:-1]) == tuple(recorded[:-1]), rows=p.shape[0], width=width + 1)

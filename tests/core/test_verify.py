@@ -375,6 +375,20 @@ def test_no_filter_is_plain_temperature_bit_for_bit(temperature):
     assert torch.equal(to_probs(logits, Sampling(temperature), out=out), plain) and torch.equal(out, plain)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7), Sampling(0.0), Sampling(1.3, top_k=50, top_p=0.9),
+                                      Sampling(1.0, min_p=0.05)])
+def test_a_law_written_into_out_is_the_same_law_bit_for_bit(dtype, sampling):
+    """``out`` takes the float32 copy, the temperature, the filters and the softmax in place: the same bits as the
+    law made in fresh tensors, whatever the logits' dtype, and the logits untouched."""
+    logits = (torch.randn(3, 4, 4096, generator=torch.Generator().manual_seed(8)) * 6).to(dtype)
+    before = logits.clone()
+    out = torch.full((3, 4, 4096), float("nan"))
+    law = to_probs(logits, sampling, out=out)
+    assert law.data_ptr() == out.data_ptr() and law.dtype == torch.float32
+    assert torch.equal(law, to_probs(logits, sampling)) and torch.equal(logits, before)
+
+
 def test_filters_leave_the_logits_and_write_into_out():
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(7))
     before = logits.clone()

@@ -3,6 +3,7 @@ losslessness by enumeration, every model drafter drafting inside the list, check
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -195,16 +196,19 @@ def _vocab_file(tmp_path, target, size=24):
 
 
 class Recording:
-    """Wraps a drafter and keeps every proposal."""
+    """Wraps a drafter and keeps every proposal (and where each one's draft laws lay)."""
 
     def __init__(self, inner):
-        self.inner, self.proposals = inner, []
+        self.inner, self.proposals, self.buffers = inner, [], []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def propose(self, ctx):
         out = self.inner.propose(ctx)
+        if out.q is not None:  # the engine's draft laws live in memory reused next round: keep a copy
+            self.buffers.append(out.q.untyped_storage().data_ptr())
+            out = dataclasses.replace(out, q=out.q.clone())
         self.proposals.append(out)
         return out
 
@@ -216,6 +220,22 @@ def _run(target, drafter, temperature, concurrency=2):
                                          concurrency=concurrency)).run(reqs, results.append)
     assert all(r.status == "ok" for r in results), [r.error for r in results]
     return {r.request.request_id: r.output_ids for r in results}
+
+
+@pytest.mark.parametrize("name", MODEL_DRAFTERS)
+def test_draft_laws_in_reused_memory_give_the_tokens_of_fresh_memory(name, target, tmp_path, monkeypatch):
+    """The engine lends its drafter memory for the draft laws (``DraftContext.scratch``): one buffer serves every
+    round (zero outside the list since no draw writes there), and the tokens are those of a fresh buffer each
+    round."""
+    path, _ = _vocab_file(tmp_path, target)
+    options = {"draft_vocab": str(path), **({"depth": 3} if name == "mtp" else {})}
+    rec = Recording(registry.create(name, target, options))
+    reused = _run(target, rec, 1.0)
+    assert len(rec.buffers) > 3 and len(set(rec.buffers)) <= 2  # made once, grown at most once
+    made = vocab.DraftHead.law_buffer
+    monkeypatch.setattr(vocab.DraftHead, "law_buffer",
+                        lambda self, *shape, device=None, scratch=None: made(self, *shape, device=device))
+    assert _run(target, registry.create(name, target, options), 1.0) == reused
 
 
 @pytest.mark.parametrize("name", MODEL_DRAFTERS)
