@@ -129,6 +129,11 @@ def test_every_model_drafter_is_covered():
     assert not [n for n in names if n not in METHODS]
 
 
+def _kept(proposal):
+    """A proposal whose draft laws outlive the round: the engine's drafters write q into memory it reuses."""
+    return proposal if proposal.q is None else dataclasses.replace(proposal, q=proposal.q.clone())
+
+
 @pytest.mark.parametrize("name", drafters.names())
 def test_draft_laws_follow_the_runs_sampling_filters(name):
     """With top-k 3 and min-p, every q a drafter hands over keeps at most 3 tokens, sums to 1 and gives its own
@@ -137,7 +142,7 @@ def test_draft_laws_follow_the_runs_sampling_filters(name):
     target = TARGETS["llama"]
     drafter, seen = drafters.create(name, target), []
     propose = drafter.propose
-    drafter.propose = lambda ctx: seen.append(propose(ctx)) or seen[-1]
+    drafter.propose = lambda ctx: seen.append(_kept(propose(ctx))) or seen[-1]
     config = EngineConfig(max_new_tokens=12, temperature=1.3, block_size=BLOCK, concurrency=2, top_k=3, min_p=0.01)
     results = []
     RoundLoop(target, drafter, config).run(_requests()[:2], results.append)
