@@ -40,12 +40,15 @@ class NgramIndex:
 
     def __init__(self, max_ngram: int, min_ngram: int):
         self.sizes = range(min_ngram, max_ngram + 1)
+        self._clear()
+
+    def _clear(self) -> None:
         self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
         self.done = 0  # every n-gram ending before this index (so followed by a token) is indexed
 
     def update(self, tokens: Sequence[int]) -> None:
         if len(tokens) < self.done:
-            self.__init__(self.sizes[-1], self.sizes[0])
+            self._clear()
         for end in range(self.done, len(tokens)):  # n-grams [end - n, end), followed by tokens[end]
             for n in self.sizes:
                 if end >= n:

@@ -15,8 +15,9 @@ the verdict says so. The replay stops once every wanted position is captured, so
 decoding of that drafter up to the last divergence.
 
 **Rounds that parted first.** Two runs can keep the same tokens while their rounds part: one accepts a draft
-where the other rejects a (differently drawn) draft and recovers the same token, so its next round starts a
-position earlier and from there each run draws other uniforms at the same positions. A later token divergence
+where the other rejects a (differently drawn) draft and recovers the same token, so the first run's round goes on
+where the second's ends, their later rounds start at different positions, and from there each run draws other
+uniforms at the same positions. A later token divergence
 then comes from rounds that start at different positions, and no draw of its own decided it; the decision judged
 is the one at the token where the rounds parted (:func:`~dspark_bench.evaluation.forensics.parting`), and the
 report names that token (``rounds_parted``).
