@@ -331,10 +331,11 @@ def _finding(d: Divergence, laws: list[dict], greedy: bool, parted: int | None =
     they drew with other uniforms, so the token at ``d.index`` needs no rounding of its own to differ."""
     recs = (d.a, d.b)
     tokens = tuple(_token_at(r, d.index) for r in recs)
-    sites = tuple(_sites(r)[d.index] if t is not None else None for r, t in zip(recs, tokens, strict=True))
+    every = tuple(_sites(r) for r in recs)  # each record's draw sites, made once
+    sites = tuple(s[d.index] if t is not None else None for s, t in zip(every, tokens, strict=True))
     at = d.index if parted is None else parted  # the output token whose decision is judged
     at_tokens = tokens if parted is None else (_token_at(d.a, at), _token_at(d.b, at))
-    at_sites = sites if parted is None else tuple(_sites(r)[at] for r in recs)
+    at_sites = sites if parted is None else tuple(s[at] for s in every)
     got = tuple(laws[s].get((r.drafter, d.key, at)) for s, r in enumerate(recs))
     replayed = tuple({} if law is None else {"reproduced": law.token == tok, "prefix_equal": law.prefix_equal,
                                              "rows": law.rows, "width": law.width}
