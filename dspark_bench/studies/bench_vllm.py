@@ -13,6 +13,12 @@ Terms:
   machine's speed hits both arms alike. Before the repeats of a concurrency each arm makes one untimed warm-up call;
   the vLLM engine of a concurrency is opened before it and stays open across its repeats (its start is never
   timed).
+* **settle**: before every timed call the measurement waits until the other processes and threads of this run
+  have gone idle (:func:`settle`). vLLM's worker busy-polls its input queue for a second after its last message
+  (``busy_loop_s`` of its shared-memory ``MessageQueue``, vLLM 0.32), a full core on this 2-core machine: measured,
+  the worker took 0.50 s of CPU in each of the two half-seconds after a ``generate`` call and none after, and our
+  8-prompt prefill right after a call took 1.2-1.5x its time 2 s later. Without the wait, our arm paid for vLLM's
+  idle spin in every repeat where it ran second. Each repeat records the seconds waited (``settle_s``).
 
 Per call (:func:`call_numbers`), over the call's requests that ended without error:
 
@@ -31,10 +37,13 @@ read on the median ratios; ``every_repeat`` says whether each repeat met them to
 
 from __future__ import annotations
 
+import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from dspark_bench import drafters as drafter_registry
@@ -51,6 +60,8 @@ VS_VLLM_MD = "vs-vllm.md"
 ARMS = ("ours", "vllm")
 NUMBERS = ("per_request_tokens_per_s", "system_tokens_per_s", "ttft_p50_s")
 WARMUP_TOKENS = 8
+SETTLE_QUIET_S = 0.2  # settle(): this long with at most one CPU tick used by the run's other processes and threads
+SETTLE_CAP_S = 10.0  # settle() gives up after this long (recorded: a run that never went quiet)
 
 
 @dataclass(frozen=True)
@@ -136,8 +147,13 @@ def markdown(result: Mapping[str, Any], title: str) -> str:
             return "–"
         return f"{s['median']:{spec}} [{s['min']:{spec}}-{s['max']:{spec}}]"
 
-    lines = [f"# {title}", "", "Medians over repeats [min-max]. Ratio = ours / vLLM (TTFT: lower is better).", "",
-             "| c | number | ours | vLLM | ours / vLLM |", "|---:|---|---:|---:|---:|"]
+    waits = [w for level in result["levels"].values() for rep in level["repeats"]
+             for w in rep.get("settle_s", {}).values() if w is not None]
+    settled = ("" if not waits else f" Before each timed call the run waited for its other processes and threads to "
+               f"go idle (vLLM's worker spins for a second after a call): {statistics.median(waits):.2f} s median, "
+               f"{max(waits):.2f} s at most.")
+    lines = [f"# {title}", "", "Medians over repeats [min-max]. Ratio = ours / vLLM (TTFT: lower is better)." + settled,
+             "", "| c | number | ours | vLLM | ours / vLLM |", "|---:|---|---:|---:|---:|"]
     for conc, level in result["levels"].items():
         for k, spec in zip(NUMBERS, (".1f", ".1f", ".4f"), strict=True):
             lines.append(f"| {conc} | {k} | {cell(level['ours'][k], spec)} | {cell(level['vllm'][k], spec)} | "
@@ -171,6 +187,63 @@ def vllm_requests_of(requests: Sequence[Request]) -> list[VllmRequest]:
     return [VllmRequest(r.prompt_ids, r.seed, r.dataset, r.domain, r.prompt_id, r.request_id) for r in requests]
 
 
+def busy_ticks() -> int | None:
+    """CPU clock ticks (user + system) used so far by this process's descendants (vLLM's engine core and workers,
+    every thread) and by this process's threads other than the calling one; None where there is no ``/proc``."""
+    proc = Path("/proc")
+    if not (proc / "self" / "task").is_dir():
+        return None
+    me, caller = os.getpid(), threading.get_native_id()
+    parents: dict[int, int] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(entry / "stat")) is not None:
+            parents[int(entry.name)] = int(fields[1])
+    family = {me}
+    grew = True
+    while grew:  # descendants, however deep (vLLM's worker is a child of its engine core)
+        kids = {pid for pid, parent in parents.items() if parent in family and pid not in family}
+        family |= kids
+        grew = bool(kids)
+    total = 0
+    for pid in family:
+        for task in (proc / str(pid) / "task").glob("*"):
+            if pid == me and task.name == str(caller):
+                continue
+            if (fields := _stat_fields(task / "stat")) is not None:
+                total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def _stat_fields(path: Path) -> list[str] | None:
+    """The fields of a ``/proc/.../stat`` after the command name (state, ppid, ...; utime and stime at 11 and 12),
+    or None when the process or thread has gone."""
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def settle(quiet_s: float = SETTLE_QUIET_S, cap_s: float = SETTLE_CAP_S, poll_s: float = 0.05,
+           ticks: Callable[[], int | None] = busy_ticks, clock: Callable[[], float] = time.perf_counter,
+           sleep: Callable[[float], None] = time.sleep) -> float | None:
+    """Wait until :func:`busy_ticks` grows by at most one tick over ``quiet_s`` (a thread that spins takes 100
+    ticks a second; an idle process's housekeeping threads, a tick now and then), at most ``cap_s`` seconds.
+    Returns the seconds waited (``cap_s`` or more: never quiet), None where nothing can be read (no wait)."""
+    start = clock()
+    since = None  # (time, ticks) when the quiet stretch began
+    while True:
+        now, used = clock(), ticks()
+        if used is None:
+            return None
+        if since is None or used - since[1] > 1:
+            since = (now, used)
+        elif now - since[0] >= quiet_s:
+            return now - start
+        if now - start >= cap_s:
+            return now - start
+        sleep(poll_s)
+
+
 def _ours_call(engine: RoundLoop, requests: Sequence[Request], repeat: int) -> tuple[list[RequestRecord], float]:
     results: list[RequestResult] = []
 
@@ -191,8 +264,9 @@ def _vllm_call(engine: VllmArm, requests: Sequence[VllmRequest], spec: BenchSpec
 
 
 def level(target: Target, requests: Sequence[Request], spec: BenchSpec, engine: VllmArm,
-          concurrency: int) -> dict[str, Any]:
-    """One concurrency: the warm-up calls, then ``spec.repeats`` interleaved repeats; :func:`compare`'s summary."""
+          concurrency: int, wait: Callable[[], float | None] = settle) -> dict[str, Any]:
+    """One concurrency: the warm-up calls, then ``spec.repeats`` interleaved repeats, each timed call after ``wait``
+    (:func:`settle`); :func:`compare`'s summary."""
     config = EngineConfig(spec.max_new_tokens, spec.temperature, spec.block_size, concurrency)
     ours = RoundLoop(target, drafter_registry.create("none", target), config)
     vreqs = vllm_requests_of(requests)
@@ -202,8 +276,9 @@ def level(target: Target, requests: Sequence[Request], spec: BenchSpec, engine: 
     reps = []
     for rep in range(spec.repeats):
         order = ARMS if rep % 2 == 0 else ARMS[::-1]
-        row: dict[str, Any] = {"order": list(order)}
+        row: dict[str, Any] = {"order": list(order), "settle_s": {}}
         for arm in order:
+            row["settle_s"][arm] = wait()
             recs, wall = (_ours_call(ours, requests, rep) if arm == "ours"
                           else _vllm_call(engine, vreqs, spec, rep, concurrency))
             row[arm] = call_numbers(recs, wall)
@@ -212,16 +287,18 @@ def level(target: Target, requests: Sequence[Request], spec: BenchSpec, engine: 
 
 
 def run_against_vllm(target: Target, requests: Sequence[Request], spec: BenchSpec,
-                     open_vllm: Callable[[int], VllmArm], log: Callable[[str], None] = lambda msg: None) -> dict:
+                     open_vllm: Callable[[int], VllmArm], log: Callable[[str], None] = lambda msg: None,
+                     wait: Callable[[], float | None] = settle) -> dict:
     """Every concurrency of ``spec``, each with its own vLLM engine (``open_vllm(R)``: ``max_num_seqs = R``),
-    closed before the next one opens; returns a JSON-ready dict (``levels``, ``goals``)."""
+    closed before the next one opens; returns a JSON-ready dict (``levels``, ``goals``). ``wait`` runs before every
+    timed call (:func:`settle`)."""
     out: dict[str, Any] = {"spec": asdict(spec), "prompts": len(requests), "levels": {}}
     for conc in spec.concurrency:
         t0 = time.perf_counter()
         engine = open_vllm(conc)
         log(f"c={conc}: vLLM started in {time.perf_counter() - t0:.0f} s")
         try:
-            out["levels"][str(conc)] = level(target, requests, spec, engine, conc)
+            out["levels"][str(conc)] = level(target, requests, spec, engine, conc, wait)
         finally:
             engine.close()
         r = out["levels"][str(conc)]["ratio"]

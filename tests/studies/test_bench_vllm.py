@@ -20,12 +20,14 @@ from dspark_bench.studies.bench import BenchSpec
 from dspark_bench.studies.bench_vllm import (
     GOALS,
     Goal,
+    busy_ticks,
     call_numbers,
     compare,
     goals,
     markdown,
     ratios,
     run_against_vllm,
+    settle,
     spread,
     vllm_requests_of,
 )
@@ -121,11 +123,19 @@ def test_the_measurement_interleaves_arms_warms_both_and_keeps_one_vllm_engine_p
         engines.append(_FakeVllm(conc, calls))
         return engines[-1]
 
-    out = run_against_vllm(target, reqs, spec, open_vllm)
+    waits = []
+
+    def wait():
+        waits.append(len(calls))  # the timed calls made so far
+        return 0.25
+
+    out = run_against_vllm(target, reqs, spec, open_vllm, wait=wait)
     assert [e.concurrency for e in engines] == [1, 2] and all(e.closed for e in engines)
+    assert len(waits) == 2 * 3 * 2  # before every timed call (2 arms x 3 repeats x 2 levels), never a warm-up
     assert [c[2:] for c in calls if c[1] == 2] == [(-1, 2, 6), (0, 3, 6), (1, 3, 6), (2, 3, 6)]  # warm-up first
     for level in out["levels"].values():
         assert [r["order"] for r in level["repeats"]] == [["ours", "vllm"], ["vllm", "ours"], ["ours", "vllm"]]
+        assert all(r["settle_s"] == {"ours": 0.25, "vllm": 0.25} for r in level["repeats"])
         for rep in level["repeats"]:
             assert rep["vllm"]["system_tokens_per_s"] == pytest.approx(3 * 6 / 0.5)
             assert rep["ours"]["requests"] == 3 and rep["ours"]["system_tokens_per_s"] > 0
@@ -134,7 +144,40 @@ def test_the_measurement_interleaves_arms_warms_both_and_keeps_one_vllm_engine_p
         ("per_request_tokens_per_s", 1), ("ttft_p50_s", 1), ("ttft_p50_s", 2)}
     table = markdown(out, "t")
     assert table.startswith("# t") and "| 2 | system_tokens_per_s |" in table
+    assert "0.25 s median, 0.25 s at most" in table
     assert vllm_requests_of(reqs)[2].seed == 42 and vllm_requests_of(reqs)[2].prompt_ids == reqs[2].prompt_ids
+
+
+def test_settle_waits_for_a_quiet_stretch_and_gives_up_at_its_cap():
+    def clock():  # 1/16 s a poll (exact in binary), the first reading at the start
+        return next(times)
+
+    times = iter(x / 16 for x in range(10_000))
+    spinning = iter([0, 6, 12, 18, 24, 30, 31, 31, 31, 31, 31])  # a spin (samples at 1/16 .. 6/16 s), then one tick
+    waited = settle(quiet_s=0.25, cap_s=5.0, ticks=spinning.__next__, clock=clock, sleep=lambda s: None)
+    assert waited == 10 / 16  # quiet from the sample at 6/16 s (30 ticks) on, a quarter of a second later
+    times = iter(x / 16 for x in range(10_000))
+    never = iter(range(0, 10_000, 6)).__next__  # a thread that spins throughout
+    assert settle(quiet_s=0.25, cap_s=1.0, ticks=never, clock=clock, sleep=lambda s: None) == 1.0
+    assert settle(ticks=lambda: None) is None  # nothing to read: no wait
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_busy_ticks_count_a_child_process_that_spins():
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        before = busy_ticks()
+        time.sleep(0.5)
+        grown = busy_ticks() - before
+    finally:
+        child.kill()
+        child.wait()
+    assert grown >= 20, grown  # about 50 ticks for a spinning child over 0.5 s (at 100 ticks a second)
 
 
 # ---- the command line: refusals before any model loads ---------------------------------------------------------
