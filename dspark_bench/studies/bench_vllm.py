@@ -51,7 +51,7 @@ from dspark_bench import drafters as drafter_registry
 from dspark_bench.core.records import RequestRecord, record_from_result
 from dspark_bench.core.rounds import Request, RequestResult
 from dspark_bench.engines.native.loop import EngineConfig, RoundLoop
-from dspark_bench.engines.vllm.llm import VllmRequest
+from dspark_bench.engines.vllm.llm import VllmRequest, descendants, proc_stat
 from dspark_bench.evaluation.metrics import time_shares, tokens_per_s
 from dspark_bench.studies.bench import BenchSpec, timed
 from dspark_bench.target.model import Target
@@ -188,40 +188,18 @@ def vllm_requests_of(requests: Sequence[Request]) -> list[VllmRequest]:
     return [VllmRequest(r.prompt_ids, r.seed, r.dataset, r.domain, r.prompt_id, r.request_id) for r in requests]
 
 
-def busy_ticks() -> int | None:
+def busy_ticks(proc: Path = Path("/proc")) -> int | None:
     """CPU clock ticks (user + system) used so far by this process's descendants (vLLM's engine core and workers,
     every thread) and by this process's threads other than the calling one; None where there is no ``/proc``."""
-    proc = Path("/proc")
     if not (proc / "self" / "task").is_dir():
         return None
-    me, caller = os.getpid(), threading.get_native_id()
-    parents: dict[int, int] = {}
-    for entry in proc.iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(entry / "stat")) is not None:
-            parents[int(entry.name)] = int(fields[1])
-    family = {me}
-    grew = True
-    while grew:  # descendants, however deep (vLLM's worker is a child of its engine core)
-        kids = {pid for pid, parent in parents.items() if parent in family and pid not in family}
-        family |= kids
-        grew = bool(kids)
+    me, caller = os.getpid(), str(threading.get_native_id())
     total = 0
-    for pid in family:
+    for pid in (me, *descendants(proc)):
         for task in (proc / str(pid) / "task").glob("*"):
-            if pid == me and task.name == str(caller):
-                continue
-            if (fields := _stat_fields(task / "stat")) is not None:
-                total += int(fields[11]) + int(fields[12])
+            if not (pid == me and task.name == caller) and (got := proc_stat(task / "stat")) is not None:
+                total += int(got[1][11]) + int(got[1][12])
     return total
-
-
-def _stat_fields(path: Path) -> list[str] | None:
-    """The fields of a ``/proc/.../stat`` after the command name (state, ppid, ...; utime and stime at 11 and 12),
-    or None when the process or thread has gone."""
-    try:
-        return path.read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
 
 
 def settle(quiet_s: float = SETTLE_QUIET_S, cap_s: float = SETTLE_CAP_S, poll_s: float = 0.05,

@@ -448,20 +448,9 @@ OMP_KEYS = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES"
 def worker_omp(proc: Path = Path("/proc")) -> list[dict[str, str]]:
     """The OpenMP settings vLLM gave its CPU workers (this process's descendants named ``VLLM::Worker...``), read from
     ``proc``: what their thread count was, for the record. Empty where there is no such worker or no /proc."""
-    tree: dict[int, tuple[int, str]] = {}
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        close = text.rindex(")")
-        tree[int(stat.parent.name)] = (int(text[close + 2 :].split()[1]), text[text.index("(") + 1 : close])
     out = []
-    for pid, (_, name) in sorted(tree.items()):
-        up = pid
-        while up in tree and up != os.getpid():
-            up = tree[up][0]
-        if name.startswith("VLLM::Worker") and up == os.getpid():
+    for pid, name in sorted(descendants(proc).items()):
+        if name.startswith("VLLM::Worker"):
             try:
                 env = (proc / str(pid) / "environ").read_bytes().decode(errors="replace").split("\0")
             except OSError:
@@ -469,6 +458,32 @@ def worker_omp(proc: Path = Path("/proc")) -> list[dict[str, str]]:
             entries = dict(e.split("=", 1) for e in env if "=" in e)
             out.append({k: entries[k] for k in OMP_KEYS if k in entries})
     return out
+
+
+def descendants(proc: Path = Path("/proc")) -> dict[int, str]:
+    """This process's descendants however deep (vLLM's worker is a child of its engine core), read from ``proc``:
+    {pid: command name}. Empty where there is no /proc."""
+    tree: dict[int, tuple[int, str]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        if (got := proc_stat(stat)) is not None:
+            tree[int(stat.parent.name)] = (int(got[1][1]), got[0])
+    family, grew = {os.getpid()}, True
+    while grew:
+        kids = {pid for pid, (parent, _) in tree.items() if parent in family and pid not in family}
+        family |= kids
+        grew = bool(kids)
+    return {pid: tree[pid][1] for pid in family - {os.getpid()}}
+
+
+def proc_stat(path: Path) -> tuple[str, list[str]] | None:
+    """A ``/proc/PID/stat`` (or ``.../task/TID/stat``) file: the command name and the fields after it (state, ppid,
+    ...; utime and stime at 11 and 12), or None when the process or thread has gone."""
+    try:
+        text = path.read_text()
+        close = text.rindex(")")
+    except (OSError, ValueError):
+        return None
+    return text[text.index("(") + 1 : close], text[close + 2 :].split()
 
 
 def metric_source(engine: VllmLLM) -> str:
