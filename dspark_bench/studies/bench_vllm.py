@@ -16,8 +16,9 @@ Terms:
 * **settle**: before every timed call the measurement waits until the other processes and threads of this run
   have gone idle (:func:`settle`). vLLM's worker busy-polls its input queue for a second after its last message
   (``busy_loop_s`` of its shared-memory ``MessageQueue``, vLLM 0.32), a full core on this 2-core machine: measured,
-  the worker took 0.50 s of CPU in each of the two half-seconds after a ``generate`` call and none after, and our
-  8-prompt prefill took 1,234-1,549 ms right after a call, 891-929 ms 2 s later (``baselines/bench-vs-vllm-settle/``).
+  the worker took about 0.5 s of CPU in each of the two half-seconds after a ``generate`` call and none after, and
+  our 8-prompt prefill took 1,010-1,139 ms within 0.05 s of a call, 927-939 ms 1-2 s later
+  (``baselines/bench-vs-vllm-settle/``).
   Without the wait, our arm paid for vLLM's idle spin in every repeat where it ran second. Each repeat records the
   seconds waited (``settle_s``).
 
