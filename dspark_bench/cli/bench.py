@@ -196,7 +196,7 @@ def _write_against_vllm(result: dict, spec, tgt, target: str, vllm, workers: dic
     result["target"] = {"name": target, "dtype": vllm.dtype, "device": str(tgt.device),
                         "cpu_native_bf16": cpu_has_native_bf16()}  # False: bf16 matmuls are emulated, many times slower
     result["engines"] = {"ours": {"torch_threads": vllm.threads, "forward": tgt.forward_path,
-                                  "linear_kernel": tgt.linear_kernel},
+                                  "linear_kernel": tgt.linear_kernel, "attention_kernel": tgt.attention_kernel},
                          "vllm": {"version": vllm_version(), "model": vllm.model, "max_model_len": vllm.max_model_len,
                                   "llm_options": {**vllm.llm_options, "max_num_seqs": "each level's concurrency"},
                                   "threads": vllm.threads,

@@ -42,17 +42,19 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--generate-pairs", default=3, show_default=True, type=click.IntRange(min=1),
               help="Timed pairs of each generation.")
-@click.option("--against", default="hf", show_default=True, type=click.Choice(["hf", "fast-unpacked", "fast-grouped"]),
+@click.option("--against", default="hf", show_default=True,
+              type=click.Choice(["hf", "fast-unpacked", "fast-grouped", "fast-sdpa"]),
               help="The path the fast path is timed against: transformers' forward, the fast path without its "
-                   "packed weights (what the packing alone is worth), or with padded, length-grouped prefills (what "
-                   "the prefill end to end is worth).")
+                   "packed weights (what the packing alone is worth), with padded, length-grouped prefills (what "
+                   "the prefill end to end is worth), or with SDPA in decode steps instead of our CPU attention "
+                   "kernel (what the kernel is worth).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help=f"Folder for {FORWARD_JSON}.")
 @friendly
 def bench_forward(target, dtype, threads, rows, widths, context, pairs, suite, limit, concurrency, max_new_tokens,
                   generate_pairs, against, out):
-    """The fast forward path against the HF path (or --against fast-unpacked / fast-grouped) on one set of weights,
-    alternated in pairs (fast then other, then other then fast, ...): target steps at each R x L, the prefill of the
-    first C prompts at each generation concurrency C > 1, and greedy `none` generation. Ratios fast / other (< 1:
+    """The fast forward path against the HF path (or --against fast-unpacked / fast-grouped / fast-sdpa) on one set
+    of weights, alternated in pairs (fast then other, then other then fast, ...): target steps at each R x L, the
+    prefill of the first C prompts at each generation concurrency C > 1, and greedy `none` generation. Ratios fast / other (< 1:
     fast is faster) are medians of per-pair ratios, so they hold on a loaded machine; absolute times do not."""
     import torch
 

@@ -96,10 +96,11 @@ def serving_options(fn):
               help="Base seed; the request of a dataset's i-th prompt uses seed + i.")
 @DTYPE_OPTION
 @click.option("--target-path", default="auto", show_default=True,
-              type=click.Choice(["auto", "fast", "fast-unpacked", "fast-grouped", "hf"]),
+              type=click.Choice(["auto", "fast", "fast-unpacked", "fast-grouped", "fast-sdpa", "hf"]),
               help="Our engine's target forward: fast (lean Llama forward, target/fast.py, weights also packed for "
-                   "oneDNN on a CPU), fast-unpacked (the same without the packed copy of the weights), fast-grouped "
-                   "(the same with prompts prefilled in padded groups, not end to end), hf "
+                   "oneDNN on a CPU, decode steps' attention by our CPU kernel), fast-unpacked (the same without the "
+                   "packed copy of the weights), fast-grouped (the same with prompts prefilled in padded groups, not "
+                   "end to end), fast-sdpa (the same with torch's SDPA for every attention), hf "
                    "(transformers' own), auto (fast where the architecture is supported, else hf). The manifest "
                    "records the one that ran.")
 @click.option("--repeats", default=1, show_default=True, type=int, help="Timing repeats (same seeds); medians reported.")

@@ -49,7 +49,7 @@ class Paired:
                 "pairs": len(self.fast_s)}
 
 
-AGAINST = ("hf", "fast-unpacked", "fast-grouped")  # what the fast path can be measured against
+AGAINST = ("hf", "fast-unpacked", "fast-grouped", "fast-sdpa")  # what the fast path can be measured against
 
 
 def paths(target: Target, against: str = "hf") -> tuple[Target, Target]:
@@ -179,4 +179,5 @@ def measure(target: Target, requests: Sequence[Request], spec: ForwardSpec,
         log(f"generate c={c}: fast/{against} {row['ratio_fast_over_other']:.3f} (same tokens: {same})")
         generations.append(row)
     return {"against": against, "linear_kernel": {"fast": fast.linear_kernel, "other": other.linear_kernel},
+            "attention_kernel": {"fast": fast.attention_kernel, "other": other.attention_kernel},
             "steps": steps, "prefill": prefills, "generate": generations}

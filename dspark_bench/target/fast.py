@@ -12,7 +12,8 @@ This module runs the same math as transformers' Llama with fewer and larger kern
   applied to the query and key heads together;
 - attention by SDPA on the explicit mask :class:`~dspark_bench.target.model.Target` builds for a cache with holes
   (none where none is needed); in decode steps and verify blocks the query heads that share a KV head are packed
-  into one head of ``G * L`` rows (no repeated K/V, see :func:`attention`);
+  into one head of ``G * L`` rows (no repeated K/V, see :func:`attention`); on the CPU a decode step's attention
+  runs our own kernel instead (:mod:`dspark_bench.target.kernels`), where it builds;
 - a cache (:class:`KVCache`) that appends in place into spare columns instead of concatenating every layer every
   step;
 - prompts prefilled end to end in one row (:meth:`FastForward.prefill`): every projection multiplies all their
@@ -40,10 +41,13 @@ its buffer and makes a new one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from dspark_bench.target import kernels
 
 PACK_MAX_ROWS = 512  # matmuls of at most this many rows read the packed weight (Linear); longer ones (prefills) run
 # F.linear, faster there (module docstring)
@@ -258,11 +262,14 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + swapped * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Attend, scale: float) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Attend, scale: float,
+              decode: Callable | None = None) -> torch.Tensor:
     """q [R, L, Hq, D] against k, v [R, Hkv, S, D] -> [R, L, Hq D], as planned (:meth:`FastForward.plan`). Packed:
     the G = Hq / Hkv query heads of each KV head become one head of G L rows, so SDPA reads K/V once (for short
     blocks on the CPU, 1.2-15x faster than SDPA's grouped-query path with a mask, measured); else SDPA's
-    grouped-query path."""
+    grouped-query path. ``decode``: our CPU kernel (:func:`kernels.decode_attention`), which then runs the packed
+    heads of a decode step (L = 1) instead of SDPA; longer blocks stay with SDPA, faster there (at 8 queries per
+    row the kernel took 1.4-2x SDPA's time, ``baselines/kernels-vs-vllm/``)."""
     r, n, hq, d = q.shape
     hkv = k.shape[1]
     if not attend.packed:
@@ -271,7 +278,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Attend,
         return out.transpose(1, 2).reshape(r, n, hq * d)
     g = hq // hkv
     packed = q.view(r, n, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(r, hkv, g * n, d)  # [R, Hkv, G L, D]
-    out = F.scaled_dot_product_attention(packed, k, v, attn_mask=attend.bias, scale=scale)  # [R, Hkv, G L, D]
+    if decode is not None and n == 1:
+        out = decode(packed.contiguous(), k, v, attend.bias, scale)  # a view of the fused QKV's rows when L = 1
+    else:
+        out = F.scaled_dot_product_attention(packed, k, v, attn_mask=attend.bias, scale=scale)  # [R, Hkv, G L, D]
     return out.view(r, hkv, g, n, d).permute(0, 3, 1, 2, 4).reshape(r, n, hq * d)
 
 
@@ -292,10 +302,14 @@ def packed_bias(bias: torch.Tensor | None, groups: int) -> torch.Tensor | None:
 
 class FastForward:
     """The decoder stack of a transformers model of a family :func:`arch_of` names, run lean (module docstring),
-    and its LM head (``head``, which Target's ``lm_head`` calls). ``pack``: hold the weights packed too where oneDNN takes them (:class:`Linear`);
-    ``linear``: how the projections multiply (``onednn-packed`` or ``torch``), for the manifest."""
+    and its LM head (``head``, which Target's ``lm_head`` calls). ``pack``: hold the weights packed too where oneDNN
+    takes them (:class:`Linear`); ``kernel``: run decode steps' attention by our CPU kernel where it can
+    (:mod:`~dspark_bench.target.kernels`: the CPU, float32 or bfloat16, a head size a multiple of 16 up to 128, a
+    kernel that builds). For the manifest: ``linear``, how the projections multiply (``onednn-packed`` or
+    ``torch``), and ``attention``, what runs the attention (``cpu-decode-kernel``: ours in decode steps and SDPA
+    elsewhere; ``sdpa``)."""
 
-    def __init__(self, model, arch: Arch, pack: bool = True):
+    def __init__(self, model, arch: Arch, pack: bool = True, kernel: bool = True):
         config = model.config
         self.arch = arch
         self.heads, self.kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
@@ -310,6 +324,10 @@ class FastForward:
         head = model.get_output_embeddings()
         self.head = Linear(head.weight, head.bias, packed)
         self.cos, self.sin = rope_table(model, int(config.max_position_embeddings))  # [P, D] each
+        fits = (self.embed.device.type == "cpu" and self.embed.dtype in (torch.float32, torch.bfloat16)
+                and self.head_dim % 16 == 0 and self.head_dim <= 128)
+        self.decode = kernels.decode_attention() if kernel and fits else None
+        self.attention = "cpu-decode-kernel" if self.decode else "sdpa"
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers))
@@ -372,7 +390,7 @@ class FastForward:
         qk = rope(qk, cos, sin)  # [R, L, Hq + Hkv, D]
         if spans is None:
             k, v = kv.append(qk[:, :, hq:].transpose(1, 2), qkv[:, :, hq + hkv :].transpose(1, 2))  # [R, Hkv, S, D]
-            x = x + w.o(attention(qk[:, :, :hq], k, v, attend, self.scale))
+            x = x + w.o(attention(qk[:, :, :hq], k, v, attend, self.scale, self.decode))
         else:
             x = x + w.o(self.apart(kv, qk[:, :, :hq], qk[0, :, hq:], qkv[0, :, hq + hkv :], spans))
         gate, up = w.gate_up(rms_norm(x, w.mlp_norm, self.eps)).chunk(2, dim=-1)  # [R, L, I] each

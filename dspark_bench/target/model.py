@@ -39,8 +39,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 PREFILL_PAD = 0.125  # a prefill forward takes prompts whose left pads stay within this share of their tokens
 # auto: fast where it runs the architecture (fast.arch_of), else hf; fast-unpacked: fast without the packed weights
 # (fast.Linear), one copy of the weights less on a CPU; fast-grouped: fast with the hf path's padded, length-grouped
-# prefills instead of one forward of the prompts end to end (what that prefill is worth: bench-forward --against)
-FORWARD_PATHS = ("auto", "fast", "fast-unpacked", "fast-grouped", "hf")
+# prefills instead of one forward of the prompts end to end (what that prefill is worth: bench-forward --against);
+# fast-sdpa: fast with SDPA for every attention, without our CPU kernel for decode steps (target/kernels.py)
+FORWARD_PATHS = ("auto", "fast", "fast-unpacked", "fast-grouped", "fast-sdpa", "hf")
 
 
 class TargetError(ValueError):
@@ -277,8 +278,8 @@ class Target:
         self.forward_path = resolve_forward_path(forward_path, self.config)
         # the fast path fuses the projections; the HF modules keep working on views of the fused weights
         fast = self.forward_path.startswith("fast")
-        self._fast = (FastForward(model, arch_of(self.config), pack=self.forward_path != "fast-unpacked") if fast
-                      else None)
+        self._fast = (FastForward(model, arch_of(self.config), pack=self.forward_path != "fast-unpacked",
+                                  kernel=self.forward_path != "fast-sdpa") if fast else None)
 
     @property
     def linear_kernel(self) -> str:
@@ -286,6 +287,13 @@ class Target:
         weights packed once: :class:`~dspark_bench.target.fast.Linear`), ``torch`` (the fast path elsewhere) or
         ``hf`` (transformers' modules). For manifests."""
         return self._fast.linear if self._fast else "hf"
+
+    @property
+    def attention_kernel(self) -> str:
+        """What runs the decoder's attention: ``cpu-decode-kernel`` (the fast path on a CPU with our kernel for
+        decode steps, :mod:`~dspark_bench.target.kernels`; SDPA elsewhere), ``sdpa`` (the fast path otherwise) or
+        ``hf`` (transformers' modules). For manifests."""
+        return self._fast.attention if self._fast else "hf"
 
     @classmethod
     def load(cls, name: str = EMBEDDED, dtype: str = "bf16", cache_dir: Path | None = None, device=None,

@@ -28,7 +28,8 @@ def test_calls_alternate_and_the_ratio_is_the_median_of_per_pair_ratios():
 
 @pytest.mark.parametrize(("against", "kernels"), [("hf", ("onednn-packed", "hf")),
                                                   ("fast-unpacked", ("onednn-packed", "torch")),
-                                                  ("fast-grouped", ("onednn-packed", "onednn-packed"))])
+                                                  ("fast-grouped", ("onednn-packed", "onednn-packed")),
+                                                  ("fast-sdpa", ("onednn-packed", "onednn-packed"))])
 def test_measure_on_a_tiny_target_reports_every_shape_and_same_tokens(against, kernels):
     from dspark_bench.target.fast import onednn_packs
 
@@ -45,12 +46,15 @@ def test_measure_on_a_tiny_target_reports_every_shape_and_same_tokens(against, k
     assert result["against"] == against
     if onednn_packs(target.dtype, target.device):
         assert (result["linear_kernel"]["fast"], result["linear_kernel"]["other"]) == kernels
+    attention = result["attention_kernel"]  # fast-sdpa differs from fast in its attention alone
+    assert attention["fast"] == target.attention_kernel
+    assert attention["other"] == {"hf": "hf", "fast-sdpa": "sdpa"}.get(against, attention["fast"])
 
 
 def test_an_unknown_path_to_measure_against_is_refused():
     from dspark_bench.studies.forward_ab import paths
 
-    with pytest.raises(ValueError, match="accepted: hf, fast-unpacked, fast-grouped"):
+    with pytest.raises(ValueError, match="accepted: hf, fast-unpacked, fast-grouped, fast-sdpa"):
         paths(tiny_target("llama"), "turbo")
 
 

@@ -229,9 +229,10 @@ def test_forward_path_choice():
     with pytest.raises(TargetError, match="'fast-unpacked' runs llama"):
         resolve_forward_path("fast-unpacked", MistralConfig(sliding_window=4096))
     assert resolve_forward_path("fast-unpacked", LlamaConfig()) == "fast-unpacked"
-    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, fast-grouped, hf"):
+    assert resolve_forward_path("fast-sdpa", LlamaConfig()) == "fast-sdpa"
+    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, fast-grouped, fast-sdpa, hf"):
         resolve_forward_path("turbo", LlamaConfig())
-    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, fast-grouped, hf"):
+    with pytest.raises(TargetError, match="accepted: auto, fast, fast-unpacked, fast-grouped, fast-sdpa, hf"):
         Target.load("no-such-target", dtype="fp32", forward_path="turbo")  # refused before any loading
 
 
@@ -281,6 +282,8 @@ def test_manifest_records_the_forward_path_that_ran(tmp_path, monkeypatch, arch,
     recorded = read_manifest(tmp_path / "run")["target"]
     assert recorded["forward_path"] == path
     assert recorded["linear_kernel"] == {"fast": "onednn-packed", "hf": "hf"}[path]
+    assert recorded["attention_kernel"] == target.attention_kernel
+    assert (recorded["attention_kernel"] == "hf") == (path == "hf")
 
 
 @pytest.mark.skipif(not onednn_packs(torch.float32, torch.device("cpu")), reason="this torch has no oneDNN")

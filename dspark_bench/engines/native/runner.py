@@ -296,7 +296,8 @@ class Run:
             "args": dataclasses.asdict(self.spec),
             "target": {"name": t.name, "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device),
                        "vocab_size": t.vocab_size, "num_layers": t.num_layers, "hidden_size": t.hidden_size,
-                       "forward_path": t.forward_path, "linear_kernel": t.linear_kernel},
+                       "forward_path": t.forward_path, "linear_kernel": t.linear_kernel,
+                       "attention_kernel": t.attention_kernel},
             "drafters": {n: {"config": _plain(e.drafter.config), **_architecture(e.drafter),
                              "scheduler_options": self.resolved_scheduler_options.get(n, {})}
                          for n, e in engines.items()},
