@@ -1,8 +1,8 @@
 // Attention of a decode step on the CPU: a few query rows per (row, KV head) over the cache's K/V views.
 //
 // Why: in a decode step torch's SDPA (its flash kernel) spends most of its time on per-block overhead, not on the
-// arithmetic (about 15-20 GFLOP/s at 16 rows of SmolLM2-135M in bf16), and at 16 rows it took 2.7x the time of
-// vLLM's CPU attention kernel (baselines/kernels-vs-vllm/). This kernel does the plain thing for the shapes of a
+// arithmetic (15-27 GFLOP/s at 1-32 rows of SmolLM2-135M in bf16), and at 16 rows it took 2.7x the time of vLLM's
+// CPU attention kernel (baselines/kernels-vs-vllm/). This kernel does the plain thing for the shapes of a
 // decode step, where each (row, KV head) has G query rows (the query heads of one KV head, packed as in
 // fast.attention) and S columns:
 //

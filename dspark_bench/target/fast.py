@@ -13,7 +13,7 @@ This module runs the same math as transformers' Llama with fewer and larger kern
 - attention by SDPA on the explicit mask :class:`~dspark_bench.target.model.Target` builds for a cache with holes
   (none where none is needed); in decode steps and verify blocks the query heads that share a KV head are packed
   into one head of ``G * L`` rows (no repeated K/V, see :func:`attention`); on the CPU a decode step's attention
-  runs our own kernel instead (:mod:`dspark_bench.target.kernels`), where it builds;
+  runs our own kernel instead (:mod:`dspark_bench.target.kernels`, handed in by Target), where it builds;
 - a cache (:class:`KVCache`) that appends in place into spare columns instead of concatenating every layer every
   step;
 - prompts prefilled end to end in one row (:meth:`FastForward.prefill`): every projection multiplies all their
@@ -46,8 +46,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from dspark_bench.target import kernels
 
 PACK_MAX_ROWS = 512  # matmuls of at most this many rows read the packed weight (Linear); longer ones (prefills) run
 # F.linear, faster there (module docstring)
@@ -267,9 +265,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Attend,
     """q [R, L, Hq, D] against k, v [R, Hkv, S, D] -> [R, L, Hq D], as planned (:meth:`FastForward.plan`). Packed:
     the G = Hq / Hkv query heads of each KV head become one head of G L rows, so SDPA reads K/V once (for short
     blocks on the CPU, 1.2-15x faster than SDPA's grouped-query path with a mask, measured); else SDPA's
-    grouped-query path. ``decode``: our CPU kernel (:func:`kernels.decode_attention`), which then runs the packed
+    grouped-query path. ``decode``: our CPU kernel (:func:`~dspark_bench.target.kernels.decode_attention`), which
+    then runs the packed
     heads of a decode step (L = 1) instead of SDPA; longer blocks stay with SDPA, faster there (at 8 queries per
-    row the kernel took 1.4-2x SDPA's time, ``baselines/kernels-vs-vllm/``)."""
+    row the kernel took 1.8-2.5x SDPA's time, ``baselines/kernels-vs-vllm/``)."""
     r, n, hq, d = q.shape
     hkv = k.shape[1]
     if not attend.packed:
@@ -303,13 +302,13 @@ def packed_bias(bias: torch.Tensor | None, groups: int) -> torch.Tensor | None:
 class FastForward:
     """The decoder stack of a transformers model of a family :func:`arch_of` names, run lean (module docstring),
     and its LM head (``head``, which Target's ``lm_head`` calls). ``pack``: hold the weights packed too where oneDNN
-    takes them (:class:`Linear`); ``kernel``: run decode steps' attention by our CPU kernel where it can
-    (:mod:`~dspark_bench.target.kernels`: the CPU, float32 or bfloat16, a head size a multiple of 16 up to 128, a
-    kernel that builds). For the manifest: ``linear``, how the projections multiply (``onednn-packed`` or
+    takes them (:class:`Linear`); ``kernel``: what gives our CPU attention kernel for decode steps
+    (:func:`~dspark_bench.target.kernels.decode_attention` with its cache folder), called only where the kernel
+    applies (the CPU, float32 or bfloat16, a head size a multiple of 16 up to 128) and used if it returns one. For the manifest: ``linear``, how the projections multiply (``onednn-packed`` or
     ``torch``), and ``attention``, what runs the attention (``cpu-decode-kernel``: ours in decode steps and SDPA
     elsewhere; ``sdpa``)."""
 
-    def __init__(self, model, arch: Arch, pack: bool = True, kernel: bool = True):
+    def __init__(self, model, arch: Arch, pack: bool = True, kernel: Callable[[], Callable | None] | None = None):
         config = model.config
         self.arch = arch
         self.heads, self.kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
@@ -326,7 +325,7 @@ class FastForward:
         self.cos, self.sin = rope_table(model, int(config.max_position_embeddings))  # [P, D] each
         fits = (self.embed.device.type == "cpu" and self.embed.dtype in (torch.float32, torch.bfloat16)
                 and self.head_dim % 16 == 0 and self.head_dim <= 128)
-        self.decode = kernels.decode_attention() if kernel and fits else None
+        self.decode = kernel() if kernel is not None and fits else None
         self.attention = "cpu-decode-kernel" if self.decode else "sdpa"
 
     def new_cache(self) -> KVCache:

@@ -51,9 +51,10 @@ def build_dir(cache_dir: Path) -> Path:
 
 
 @functools.cache
-def decode_attention() -> Callable | None:
-    """The kernel's ``decode_attention(q, k, v, bias, scale)`` (shapes in ``cpu_attention.cpp``), built at the first
-    call of a process that needs it (about 40 s, once per machine), or None where it cannot run."""
+def decode_attention(cache_dir: Path) -> Callable | None:
+    """The kernel's ``decode_attention(q, k, v, bias, scale)`` (shapes in ``cpu_attention.cpp``), built under
+    ``cache_dir`` (:func:`build_dir`) at the first call of a process that needs it (about 40 s, once per machine), or
+    None where it cannot run."""
     global _reason
     if os.environ.get(ENV, "1") == "0":
         _reason = f"turned off by {ENV}=0"
@@ -61,9 +62,7 @@ def decode_attention() -> Callable | None:
     if platform.machine() not in ("x86_64", "AMD64"):
         _reason = f"built for x86-64 only, this machine is {platform.machine()}"
         return None
-    from dspark_bench.target.model import default_cache_dir
-
-    folder = build_dir(default_cache_dir())
+    folder = build_dir(Path(cache_dir))
     try:
         from torch.utils.cpp_extension import load
 

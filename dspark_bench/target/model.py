@@ -16,6 +16,7 @@ stream, ``hidden_states[l + 1]`` in HF numbering) and the final hidden state aft
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import logging
@@ -28,6 +29,7 @@ import torch
 
 from dspark_bench.target.allocator import host_allocator
 from dspark_bench.target.fast import FAMILIES, Attend, FastForward, arch_of
+from dspark_bench.target.kernels import decode_attention
 
 log = logging.getLogger(__name__)
 
@@ -278,8 +280,9 @@ class Target:
         self.forward_path = resolve_forward_path(forward_path, self.config)
         # the fast path fuses the projections; the HF modules keep working on views of the fused weights
         fast = self.forward_path.startswith("fast")
+        kernel = None if self.forward_path == "fast-sdpa" else functools.partial(decode_attention, default_cache_dir())
         self._fast = (FastForward(model, arch_of(self.config), pack=self.forward_path != "fast-unpacked",
-                                  kernel=self.forward_path != "fast-sdpa") if fast else None)
+                                  kernel=kernel) if fast else None)
 
     @property
     def linear_kernel(self) -> str:

@@ -49,7 +49,7 @@ def test_bad_sampling_filters_are_one_line_and_exit_2(tmp_path, command, args, s
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--target-path", "turbo"], "'turbo' is not one of 'auto', 'fast', 'fast-unpacked', 'fast-grouped', 'hf'"),
+    (["--target-path", "turbo"], "'turbo' is not one of 'auto', 'fast', 'fast-unpacked', 'fast-grouped', 'fast-sdpa', 'hf'"),
     (["--target-path", "fast", "--engine", "vllm"], "--target-path picks our engine's target forward"),
 ])
 def test_bad_target_path_is_one_line_and_exit_2(tmp_path, args, says):

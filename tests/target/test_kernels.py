@@ -13,13 +13,14 @@ import torch.nn.functional as F
 
 from dspark_bench.target import kernels
 from dspark_bench.target.fast import Attend, attention
+from dspark_bench.target.model import default_cache_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def decode():
-    kernel = kernels.decode_attention()
+    kernel = kernels.decode_attention(default_cache_dir())
     if kernel is None:  # the reason is part of the skip message (-rs)
         pytest.skip(f"the CPU attention kernel is unavailable here: {kernels.unavailable_reason()}")
     return kernel
@@ -110,15 +111,15 @@ def test_turned_off_or_unbuildable_leaves_sdpa_with_a_reason(monkeypatch, tmp_pa
     kernels.decode_attention.cache_clear()
     try:
         monkeypatch.setenv(kernels.ENV, "0")
-        assert kernels.decode_attention() is None and kernels.unavailable_reason() == f"turned off by {kernels.ENV}=0"
+        assert kernels.decode_attention(tmp_path / "cache") is None
+        assert kernels.unavailable_reason() == f"turned off by {kernels.ENV}=0"
         assert tiny_target("llama").attention_kernel == "sdpa"
         kernels.decode_attention.cache_clear()
         monkeypatch.delenv(kernels.ENV)
         monkeypatch.setattr(kernels, "SOURCE", tmp_path / "broken.cpp")
         monkeypatch.setattr(kernels, "NAME", "dspark_cpu_attention_broken")  # torch versions builds by name
         (tmp_path / "broken.cpp").write_text("this is not C++\n")
-        monkeypatch.setattr("dspark_bench.target.model.default_cache_dir", lambda: tmp_path / "cache")
-        assert kernels.decode_attention() is None
+        assert kernels.decode_attention(tmp_path / "cache") is None
         assert kernels.unavailable_reason().startswith("could not be built")
     finally:
         kernels.decode_attention.cache_clear()
