@@ -5,11 +5,9 @@ of the residual): what vLLM's fused ``silu_and_mul`` and residual adds would sav
 
     python epilogues.py     (milliseconds per layer, medians of 5 x 50 calls, 2 threads)
 """
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
+from attention_kernels import timed  # this folder's timing loop
 
 LINEAR = torch.ops.mkldnn._linear_pointwise
 HIDDEN, INTERMEDIATE = 576, 1536
@@ -17,18 +15,6 @@ HIDDEN, INTERMEDIATE = 576, 1536
 
 def pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None)
-
-
-def timed(f, calls: int = 50, repeats: int = 5) -> float:
-    for _ in range(5):
-        f()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            f()
-        times.append((time.perf_counter() - start) / calls * 1e3)
-    return statistics.median(times)
 
 
 def row(dtype: torch.dtype, rows: int) -> str:
@@ -50,7 +36,7 @@ def row(dtype: torch.dtype, rows: int) -> str:
 
     a, b = separate().float(), fused().float()
     error = ((a - b).abs().max() / a.abs().max()).item()
-    t_sep, t_fused = timed(separate), timed(fused)
+    t_sep, t_fused = timed(separate, calls=50), timed(fused, calls=50)
     return (f"{str(dtype)[6:]:8s} rows {rows:4d}: separate {t_sep:.3f} ms, fused {t_fused:.3f} ms "
             f"({t_fused / t_sep:.3f}x), largest difference {error:.1e} of the largest output")
 

@@ -54,8 +54,9 @@ def bench_forward(target, dtype, threads, rows, widths, context, pairs, suite, l
                   generate_pairs, against, out):
     """The fast forward path against the HF path (or --against fast-unpacked / fast-grouped / fast-sdpa) on one set
     of weights, alternated in pairs (fast then other, then other then fast, ...): target steps at each R x L, the
-    prefill of the first C prompts at each generation concurrency C > 1, and greedy `none` generation. Ratios fast / other (< 1:
-    fast is faster) are medians of per-pair ratios, so they hold on a loaded machine; absolute times do not."""
+    prefill of the first C prompts at each generation concurrency C > 1, and greedy `none` generation. Ratios
+    fast / other (< 1: fast is faster) are medians of per-pair ratios, so they hold on a loaded machine; absolute
+    times do not."""
     import torch
 
     from dspark_bench.engines.native.runner import build_requests

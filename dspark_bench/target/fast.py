@@ -266,9 +266,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Attend,
     the G = Hq / Hkv query heads of each KV head become one head of G L rows, so SDPA reads K/V once (for short
     blocks on the CPU, 1.2-15x faster than SDPA's grouped-query path with a mask, measured); else SDPA's
     grouped-query path. ``decode``: our CPU kernel (:func:`~dspark_bench.target.kernels.decode_attention`), which
-    then runs the packed
-    heads of a decode step (L = 1) instead of SDPA; longer blocks stay with SDPA, faster there (at 8 queries per
-    row the kernel took 1.8-2.5x SDPA's time, ``baselines/kernels-vs-vllm/``)."""
+    then runs the packed heads of a decode step (L = 1) instead of SDPA; longer blocks stay with SDPA, faster there
+    (at 8 queries per row the kernel took 1.8-2.5x SDPA's time, ``baselines/kernels-vs-vllm/``)."""
     r, n, hq, d = q.shape
     hkv = k.shape[1]
     if not attend.packed:
@@ -304,9 +303,9 @@ class FastForward:
     and its LM head (``head``, which Target's ``lm_head`` calls). ``pack``: hold the weights packed too where oneDNN
     takes them (:class:`Linear`); ``kernel``: what gives our CPU attention kernel for decode steps
     (:func:`~dspark_bench.target.kernels.decode_attention` with its cache folder), called only where the kernel
-    applies (the CPU, float32 or bfloat16, a head size a multiple of 16 up to 128) and used if it returns one. For the manifest: ``linear``, how the projections multiply (``onednn-packed`` or
-    ``torch``), and ``attention``, what runs the attention (``cpu-decode-kernel``: ours in decode steps and SDPA
-    elsewhere; ``sdpa``)."""
+    applies (the CPU, float32 or bfloat16, a head size a multiple of 16 up to 128) and used if it returns one. For
+    the manifest: ``linear``, how the projections multiply (``onednn-packed`` or ``torch``), and ``attention``, what
+    runs the attention (``cpu-decode-kernel``: ours in decode steps and SDPA elsewhere; ``sdpa``)."""
 
     def __init__(self, model, arch: Arch, pack: bool = True, kernel: Callable[[], Callable | None] | None = None):
         config = model.config

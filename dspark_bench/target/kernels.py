@@ -76,6 +76,7 @@ def decode_attention(cache_dir: Path) -> Callable | None:
                       extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
     except Exception as exc:  # noqa: BLE001 - any failure to build leaves SDPA in place, with the reason kept
         _reason = f"could not be built: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"
+        print(f"dspark-bench's CPU attention kernel {_reason}; torch's SDPA runs instead", file=sys.stderr)
         return None
     return module.decode_attention
 
