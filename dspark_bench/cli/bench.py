@@ -87,7 +87,8 @@ def bench(ctx, target, suite, limit, max_new_tokens, temperature, repeats, block
     env, started = environment(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     result = run_bench(tgt, build_requests(tgt, prompts, spec.seed), spec, parse_options(drafter_opts),
                        log=console.print)
-    result["target"] = {"name": target, "dtype": dtype, "device": str(tgt.device)}
+    result["target"] = {"name": target, "dtype": dtype, "device": str(tgt.device), "forward_path": tgt.forward_path,
+                        "linear_kernel": tgt.linear_kernel, "attention_kernel": tgt.attention_kernel}
     # the load average before and after the measurement: what else ran beside it
     result["environment"] = {**env, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              "load_before_1_5_15": env["machine"]["load_average_1_5_15"],

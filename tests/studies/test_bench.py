@@ -58,6 +58,8 @@ def test_gpu_engine_script_runs_on_cpu_at_tiny_settings(tmp_path):
     result = json.loads((tmp_path / "out" / "bench" / "bench.json").read_text())
     assert set(result["overhead"]) == {"1", "2"} and set(result["vs_hf"]) == {"1", "2"}
     assert result["overhead"]["2"]["dspark"]["median"]["markov_head_share"] > 0
+    target = result["target"]  # the forward that ran, as in run manifests
+    assert target["forward_path"] == "fast" and target["attention_kernel"] in ("cpu-decode-kernel", "sdpa")
     env = result["environment"]  # the checkout and load as the measurement started, and the load as it ended
     assert env["started"] <= env["finished"] and "sha" in env["git"]
     assert env["load_before_1_5_15"] == env["machine"]["load_average_1_5_15"] and "load_after_1_5_15" in env
