@@ -47,6 +47,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dspark_bench.target import kernels
+
 PACK_MAX_ROWS = 512  # matmuls of at most this many rows read the packed weight (Linear); longer ones (prefills) run
 # F.linear, faster there (module docstring)
 PACK_ROWS = 16  # blocks of at most this many queries pack their query heads (attention()); longer ones, prefills, do not
@@ -322,8 +324,7 @@ class FastForward:
         head = model.get_output_embeddings()
         self.head = Linear(head.weight, head.bias, packed)
         self.cos, self.sin = rope_table(model, int(config.max_position_embeddings))  # [P, D] each
-        fits = (self.embed.device.type == "cpu" and self.embed.dtype in (torch.float32, torch.bfloat16)
-                and self.head_dim % 16 == 0 and self.head_dim <= 128)
+        fits = kernels.applies(self.embed.device, self.embed.dtype, self.head_dim)
         self.decode = kernel() if kernel is not None and fits else None
         self.attention = "cpu-decode-kernel" if self.decode else "sdpa"
 

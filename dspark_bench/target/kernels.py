@@ -29,6 +29,16 @@ NAME = "dspark_cpu_attention"  # the extension's module name
 FLAGS = ("-O3", "-march=native", "-fopenmp")
 ENV = "DSPARK_BENCH_CPU_ATTENTION"
 _reason: str | None = None
+VECTOR, MAX_HEAD = 16, 128  # cpu_attention.cpp's W and MAX_DIM: the head sizes it takes are multiples of VECTOR
+
+
+def applies(device, dtype, head_dim: int) -> bool:
+    """Whether the kernel takes a target on ``device`` in ``dtype`` with heads of ``head_dim`` (its own checks, in
+    ``cpu_attention.cpp``, refuse anything else): asked before building it, so no other target waits for a build."""
+    import torch
+
+    return (torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and head_dim % VECTOR == 0 and head_dim <= MAX_HEAD)
 
 
 def _cpu() -> str:

@@ -141,3 +141,16 @@ def test_paths_record_which_attention_ran(decode):
     assert fast.attention_kernel == "cpu-decode-kernel"
     assert Target(fast.model, None, "tiny", forward_path="fast-sdpa").attention_kernel == "sdpa"
     assert Target(fast.model, None, "tiny", forward_path="hf").attention_kernel == "hf"
+
+
+def test_applies_names_what_the_kernel_takes(decode):
+    """kernels.applies (asked before a build) and the kernel's own checks agree on head sizes and dtypes."""
+    for dim, dtype in ((16, torch.float32), (128, torch.bfloat16), (40, torch.float32), (144, torch.float32)):
+        q, k, v, _ = _case(1, 3, 5, dim, dtype, 0)
+        if kernels.applies("cpu", dtype, dim):
+            decode(q, k, v, None, 0.125)
+        else:
+            with pytest.raises(RuntimeError, match="multiple of 16 <= 128"):
+                decode(q, k, v, None, 0.125)
+    assert [kernels.applies("cpu", torch.float32, d) for d in (16, 40, 128, 144)] == [True, False, True, False]
+    assert not kernels.applies("cpu", torch.float16, 64) and not kernels.applies("meta", torch.float32, 64)
